@@ -1,0 +1,83 @@
+#include "executor.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace lily {
+
+void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      fail("token id ", std::to_string(tokens[i]), " at index ", std::to_string(i), " is outside the vocabulary [0, ",
+           std::to_string(c.vocab_size), ")");
+}
+
+void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits) {
+  const ModelConfig& c = weights_->config;
+  if (n <= 0) fail("forward: no tokens given");
+  check_tokens(c, tokens, n);
+  std::vector<int32_t> seq;
+  if (s.pending >= 0) seq.push_back(s.pending);
+  seq.insert(seq.end(), tokens, tokens + n);
+  const int64_t total = static_cast<int64_t>(seq.size());
+  if (s.position() + total > s.max_context)
+    fail("prompt of ", std::to_string(n), " tokens does not fit: the session holds ", std::to_string(s.position()),
+         " of its ", std::to_string(s.max_context), " context positions");
+  const int64_t V = c.vocab_size;
+  const int64_t skip = total - n;  // the pending token's logits are not asked for
+  s.last_logits.resize(V);
+  std::vector<float> chunk_logits;
+  for (int64_t begin = 0; begin < total; begin += prefill_chunk) {
+    const int64_t len = std::min(prefill_chunk, total - begin);
+    float* all = nullptr;
+    if (all_logits) {
+      chunk_logits.resize(len * V);
+      all = chunk_logits.data();
+    }
+    forward_chunk(s, seq.data() + begin, len, s.last_logits.data(), all);
+    s.tokens.insert(s.tokens.end(), seq.begin() + begin, seq.begin() + begin + len);
+    s.pending = -1;
+    if (all_logits)
+      for (int64_t t = 0; t < len; ++t)
+        if (begin + t >= skip)
+          std::copy(all + t * V, all + (t + 1) * V, all_logits + (begin + t - skip) * V);
+  }
+}
+
+GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
+  GenerateResult r;
+  if (s.pending >= 0) {
+    int32_t t = s.pending;
+    s.pending = -1;
+    if (s.position() + 1 > s.max_context) { s.pending = t; r.finish_reason = "length"; return r; }
+    forward(s, &t, 1, nullptr);
+  }
+  if (s.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
+  Sampler sampler(req.sampling);
+  std::vector<int32_t> history = s.tokens;
+  const int64_t V = weights_->config.vocab_size;
+  while (r.n_tokens < req.max_tokens) {
+    const int32_t tok = sampler.sample(s.last_logits.data(), V, history, r.n_tokens);
+    history.push_back(tok);
+    ++r.n_tokens;
+    const bool keep_going = on_token(tok);
+    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
+      s.pending = tok;
+      r.finish_reason = "stop";
+      return r;
+    }
+    if (!keep_going) { s.pending = tok; r.finish_reason = "cancelled"; return r; }
+    if (r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context) {
+      s.pending = tok;
+      r.finish_reason = "length";
+      return r;
+    }
+    forward_chunk(s, &tok, 1, s.last_logits.data(), nullptr);
+    s.tokens.push_back(tok);
+  }
+  r.finish_reason = "length";
+  return r;
+}
+
+}  // namespace lily

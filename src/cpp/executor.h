@@ -1,0 +1,79 @@
+// The interface every backend implements (cpu, cuda, metal).
+//
+// A Session holds one conversation's state: the tokens fed so far, the KV cache of the
+// full-attention layers and the conv + recurrent state of the Gated DeltaNet layers.
+// Backends subclass it. Generation leaves the last chosen token "pending" (chosen but
+// not yet fed), so a later call continues exactly where the previous one stopped.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sampling.h"
+#include "weights.h"
+
+namespace lily {
+
+class Session {
+ public:
+  virtual ~Session() = default;
+  int64_t max_context = 0;        // positions the session may hold
+  std::vector<int32_t> tokens;    // tokens fed so far; position = tokens.size()
+  int32_t pending = -1;           // chosen by generate(), not yet fed
+  std::vector<float> last_logits; // [V] logits after the last fed token (host copy)
+  int64_t position() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct GenerateRequest {
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
+};
+
+struct GenerateResult {
+  int64_t n_tokens = 0;
+  std::string finish_reason;  // "stop" (stop id), "length" (max_tokens or context), "cancelled"
+};
+
+// Receives each token as soon as it is known; returning false cancels generation.
+using TokenCallback = std::function<bool(int32_t)>;
+
+class Executor {
+ public:
+  explicit Executor(std::shared_ptr<const ModelWeights> w) : weights_(std::move(w)) {}
+  virtual ~Executor() = default;
+
+  virtual std::string device_name() const = 0;
+  virtual std::unique_ptr<Session> new_session(int64_t max_context) = 0;
+
+  // Feeds n tokens (in chunks of at most prefill_chunk), appending them to the session
+  // and leaving the last position's logits in session.last_logits. With all_logits
+  // non-null, also writes [n, V] logits of every position there (teacher forcing).
+  // Refuses (and changes nothing) when the tokens would not fit the context.
+  void forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits);
+
+  // Chooses up to max_tokens tokens, calling on_token for each.
+  virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
+
+  // Snapshots: an independent copy of the session's state, and copying one back.
+  virtual std::unique_ptr<Session> clone(const Session& s) = 0;
+  virtual void restore(Session& dst, const Session& src) = 0;
+
+  const ModelWeights& weights() const { return *weights_; }
+  int64_t prefill_chunk = 512;
+
+ protected:
+  // One chunk: tokens are appended to s.tokens by the caller after this returns.
+  // Writes the last position's logits to last_logits ([V]), and all positions' to
+  // all_logits ([n, V]) when non-null.
+  virtual void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits,
+                             float* all_logits) = 0;
+
+  std::shared_ptr<const ModelWeights> weights_;
+};
+
+void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n);
+
+}  // namespace lily

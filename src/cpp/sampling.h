@@ -1,0 +1,38 @@
+// Token choice from logits on the host: penalties, temperature, top-k, top-p, min-p,
+// seeded. GPU executors implement the same rules on the device.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace lily {
+
+struct SamplingParams {
+  float temperature = 0.0f;         // <= 0: greedy (argmax)
+  int64_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off; keeps p >= min_p * p_max
+  float repetition_penalty = 1.0f;  // over prompt and generated tokens (HF rule)
+  float presence_penalty = 0.0f;    // over generated tokens (OpenAI rule)
+  float frequency_penalty = 0.0f;   // over generated tokens (OpenAI rule)
+  uint64_t seed = 0;
+  int64_t vocab_limit = 0;          // tokens >= vocab_limit are never chosen (padded rows); 0: all
+
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+
+  // history: every token of the sequence so far; the last n_generated were generated.
+  int32_t sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history, int64_t n_generated);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int32_t> idx_;
+};
+
+}  // namespace lily

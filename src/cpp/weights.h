@@ -1,0 +1,108 @@
+// The model's weights in lily's names, in the MLX affine format.
+//
+// This file (with weights.cpp) is the one place that knows checkpoint tensor names:
+// MLX 4-bit names (language_model.model.*, switch_mlp experts, norms with +1 baked in)
+// and Hugging Face names (model.language_model.* or model.*, fused 3-D or per-expert
+// experts, zero-centred norms). Float weights are quantized at load to the MLX format,
+// so every executor sees one representation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "safetensors.h"
+
+namespace lily {
+
+// An MLX affine-quantized matrix [rows, cols], or a stack of them [experts, rows, cols].
+struct QWeight {
+  const uint32_t* codes = nullptr;   // [experts, rows, cols*bits/32]
+  const uint16_t* scales = nullptr;  // bf16 [experts, rows, cols/group_size]
+  const uint16_t* biases = nullptr;  // bf16, same shape as scales
+  int64_t experts = 1, rows = 0, cols = 0;
+  int group_size = 64, bits = 4;
+
+  int64_t words_per_row() const { return cols * bits / 32; }
+  int64_t groups_per_row() const { return cols / group_size; }
+  QWeight expert(int64_t e) const;  // one matrix of a stack
+  size_t nbytes() const;            // codes + scales + biases
+};
+
+// A small float tensor (norms, conv, gates); values are exactly representable in
+// `dtype`, which is how it is written back by `lily convert`.
+struct Dense {
+  std::vector<float> values;
+  std::vector<int64_t> shape;
+  DType dtype = DType::BF16;
+};
+
+struct GdnWeights {
+  QWeight in_proj_qkv;  // [conv_dim, H]: rows q | k | v
+  QWeight in_proj_z;    // [Hv*Dv, H]
+  QWeight in_proj_b;    // [Hv, H]
+  QWeight in_proj_a;    // [Hv, H]
+  QWeight out_proj;     // [H, Hv*Dv]
+  Dense conv1d;         // [conv_dim, Kc] (tap Kc-1 multiplies the current token)
+  Dense dt_bias;        // [Hv]
+  Dense A_log;          // [Hv]
+  Dense norm;           // [Dv], plain weight (not zero-centred)
+};
+
+struct AttnWeights {
+  QWeight q_proj;  // [Hq*2*D, H]: per head, D query rows then D gate rows
+  QWeight k_proj;  // [Hkv*D, H]
+  QWeight v_proj;  // [Hkv*D, H]
+  QWeight o_proj;  // [H, Hq*D]
+  Dense q_norm;    // [D], 1 + w
+  Dense k_norm;    // [D], 1 + w
+};
+
+struct MoeWeights {
+  QWeight router;              // [E, H]
+  QWeight gate_proj, up_proj;  // [E, I, H]
+  QWeight down_proj;           // [E, H, I]
+  QWeight shared_gate_proj;    // [Is, H]
+  QWeight shared_up_proj;      // [Is, H]
+  QWeight shared_down_proj;    // [H, Is]
+  QWeight shared_expert_gate;  // [1, H]
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::Linear;
+  Dense input_norm;  // [H], 1 + w
+  Dense post_norm;   // [H], 1 + w
+  GdnWeights gdn;    // when kind == Linear
+  AttnWeights attn;  // when kind == Full
+  MoeWeights moe;
+};
+
+struct LoadOptions {
+  // Checkpoints without a quantization block are quantized at load with these.
+  QuantSpec default_quant{64, 4};
+  QuantSpec gate_quant{64, 8};  // router and shared-expert gate
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::string source_layout;  // "mlx" or "hf"
+  QWeight embed;              // [V, H]
+  QWeight lm_head;            // [V, H]; the embedding when tie_word_embeddings
+  Dense final_norm;           // [H], 1 + w
+  std::vector<LayerWeights> layers;
+
+  // Loads config.json and the safetensors of `dir`; every tensor is checked and
+  // every unconsumed tensor is an error.
+  static std::shared_ptr<ModelWeights> load(const std::string& dir, const LoadOptions& opts = {});
+
+  // Writes the weights as an MLX affine checkpoint (the tensors mlx_lm.convert writes).
+  void save_mlx(const std::string& out_dir, int64_t max_shard_bytes) const;
+
+  size_t nbytes() const;
+
+  std::shared_ptr<Checkpoint> checkpoint;  // keeps the mapped files alive
+  std::vector<std::unique_ptr<uint8_t[]>> owned;  // buffers of weights quantized at load
+};
+
+}  // namespace lily
