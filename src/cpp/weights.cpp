@@ -362,7 +362,10 @@ struct OutTensor {
 void add_q(std::vector<OutTensor>& out, const std::string& module, const QWeight& q, bool stacked) {
   std::vector<int64_t> lead = stacked ? std::vector<int64_t>{q.experts, q.rows} : std::vector<int64_t>{q.rows};
   auto put = [&](const char* suffix, DType dt, int64_t last, const void* data, size_t elem) {
-    OutTensor t{module + suffix, dt, lead};
+    OutTensor t;
+    t.name = module + suffix;
+    t.dtype = dt;
+    t.shape = lead;
     t.shape.push_back(last);
     t.data = static_cast<const uint8_t*>(data);
     t.size = static_cast<size_t>(q.experts * q.rows * last) * elem;
@@ -374,7 +377,10 @@ void add_q(std::vector<OutTensor>& out, const std::string& module, const QWeight
 }
 
 void add_dense(std::vector<OutTensor>& out, const std::string& name, const Dense& d) {
-  OutTensor t{name, d.dtype, d.shape};
+  OutTensor t;
+  t.name = name;
+  t.dtype = d.dtype;
+  t.shape = d.shape;
   if (d.dtype == DType::BF16) {
     t.storage.resize(d.values.size() * 2);
     for (size_t i = 0; i < d.values.size(); ++i) {

@@ -1,0 +1,12 @@
+"""lily: fast local inference for the Qwen3.5/3.6 hybrid mixture-of-experts models.
+
+    import lily
+    model = lily.Model.load("path/to/Qwen3.6-35B-A3B-4bit")
+    print(model.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=64).text)
+"""
+
+from ._lily import LilyError
+from .model import GenerationResult, Model, Piece, Session
+
+__version__ = "0.1.0"
+__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "__version__"]

@@ -1,0 +1,374 @@
+"""Model and Session: the Python face of lily's C++ engine.
+
+A Model holds the weights on one executor (cpu or cuda). A Session holds one
+conversation's state (KV cache + Gated DeltaNet state) and continues from it.
+Generation runs in C++ with the GIL released; Python only turns tokens into text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _lily, chat, hub
+from ._lily import LilyError
+from .tokenizer import StreamDecoder, Tokenizer
+
+Prompt = str | Sequence[int] | np.ndarray | None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = len(self.token_ids) - 1  # the first token's time is part of prefill
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+@dataclass
+class Piece:
+    """A piece of streamed output: text that never splits a UTF-8 character."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Model:
+    """A loaded checkpoint on one device."""
+
+    def __init__(self, engine: _lily.Engine, directory: Path, tokenizer: Tokenizer | None):
+        self._engine = engine
+        self.path = directory
+        self.tokenizer = tokenizer
+        self.config: dict = engine.config
+        self.eos_token_ids: list[int] = _eos_ids(directory, self.config, tokenizer)
+
+    @classmethod
+    def load(
+        cls,
+        path_or_repo: str,
+        device: str = "auto",
+        *,
+        prefill_chunk: int = 512,
+        revision: str | None = None,
+    ) -> "Model":
+        """Loads a local checkpoint directory, a built-in name or a Hub repo id.
+
+        device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+        """
+        directory = hub.resolve(path_or_repo, revision)
+        engine = _lily.Engine(str(directory), device, prefill_chunk)
+        tokenizer = Tokenizer(directory) if (directory / "tokenizer.json").exists() else None
+        return cls(engine, directory, tokenizer)
+
+    @property
+    def device(self) -> str:
+        return self._engine.device
+
+    @property
+    def max_context(self) -> int:
+        return int(self.config["max_position_embeddings"])
+
+    # -- text <-> tokens ------------------------------------------------------------
+
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise LilyError(f"{self.path}: this checkpoint has no tokenizer.json; pass token ids instead of text")
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self._need_tokenizer().encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._need_tokenizer().decode(ids)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        enable_thinking: bool | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs,
+    ) -> str:
+        tok = self._need_tokenizer()
+        if not tok.chat_template:
+            raise LilyError(f"{self.path}: the tokenizer has no chat template; pass a prompt instead of messages")
+        return chat.render(
+            tok.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            bos_token=tok.bos_token or "",
+            eos_token=tok.eos_token or "",
+            **kwargs,
+        )
+
+    def prompt_ids(
+        self,
+        prompt: Prompt = None,
+        *,
+        messages: list[dict] | None = None,
+        tools: list[dict] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> list[int]:
+        """Token ids of a prompt: text, token ids, or chat messages (through the template)."""
+        if messages is not None:
+            if prompt is not None:
+                raise LilyError("pass either prompt or messages, not both")
+            return self.encode(self.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking))
+        if prompt is None:
+            return []
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        ids = np.asarray(prompt)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) and ids.size:
+            raise LilyError("prompt must be text or a 1-D sequence of token ids")
+        return [int(t) for t in ids]
+
+    # -- running --------------------------------------------------------------------
+
+    def new_session(self, max_context: int | None = None) -> "Session":
+        return Session(self, self._engine.new_session(max_context or self.max_context))
+
+    def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Teacher-forced logits [T, vocab] (float32) of a token sequence, from a fresh state."""
+        ids = _as_tokens(token_ids)
+        return self.new_session(max(len(ids), 1)).logits(ids)
+
+    def prefill(self, prompt: Prompt = None, *, messages=None, tools=None, enable_thinking=None,
+                max_context: int | None = None) -> "Session":
+        """A new session with the prompt already processed."""
+        s = self.new_session(max_context)
+        s.prefill(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
+        return s
+
+    def generate(self, prompt: Prompt = None, *, messages=None, max_context: int | None = None, **kwargs):
+        """Generates from a fresh session; see Session.generate for the parameters."""
+        return self.new_session(max_context).generate(prompt, messages=messages, **kwargs)
+
+
+class Session:
+    """One conversation's cached state on the model's device."""
+
+    def __init__(self, model: Model, handle: _lily.Session):
+        self.model = model
+        self._handle = handle
+
+    @property
+    def position(self) -> int:
+        """Tokens processed so far."""
+        return self._handle.position
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every token of the conversation so far, including a generated one not yet fed."""
+        t = list(self._handle.tokens)
+        if self._handle.pending >= 0:
+            t.append(self._handle.pending)
+        return t
+
+    def prefill(self, prompt: Prompt = None, *, messages=None, tools=None, enable_thinking=None) -> np.ndarray:
+        """Feeds more prompt tokens; returns the logits [vocab] after the last one."""
+        ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
+        if not ids:
+            raise LilyError("prefill: the prompt is empty")
+        return self.model._engine.forward(self._handle, _as_tokens(ids), False)
+
+    def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Feeds tokens and returns the logits [T, vocab] at every position (teacher forcing)."""
+        ids = _as_tokens(token_ids)
+        if ids.size == 0:
+            raise LilyError("logits: no tokens given")
+        return self.model._engine.forward(self._handle, ids, True)
+
+    def snapshot(self) -> "Session":
+        """An independent copy of this session's state."""
+        return Session(self.model, self.model._engine.clone(self._handle))
+
+    def restore(self, snapshot: "Session") -> None:
+        """Returns this session to the state of a snapshot."""
+        self.model._engine.restore(self._handle, snapshot._handle)
+
+    def generate(
+        self,
+        prompt: Prompt = None,
+        *,
+        messages: list[dict] | None = None,
+        tools: list[dict] | None = None,
+        enable_thinking: bool | None = None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        stream: bool = False,
+    ) -> GenerationResult | Iterator[Piece]:
+        """Continues the conversation: feeds the prompt (if any) and generates.
+
+        temperature 0 is greedy. stop: strings that end generation (not included in the
+        text). With stream=True, returns an iterator of Piece; its `result` attribute
+        holds the GenerationResult once the iterator is exhausted.
+        """
+        ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise LilyError("stop must be a non-empty string or a list of them")
+        if stops and self.model.tokenizer is None:
+            raise LilyError("stop strings need a tokenizer; use stop_token_ids")
+        params = _lily.SamplingParams()
+        params.temperature = float(temperature)
+        params.top_p = float(top_p)
+        params.top_k = int(top_k)
+        params.min_p = float(min_p)
+        params.repetition_penalty = float(repetition_penalty)
+        params.presence_penalty = float(presence_penalty)
+        params.frequency_penalty = float(frequency_penalty)
+        params.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
+        if self.model.tokenizer is not None:
+            params.vocab_limit = min(self.model.tokenizer.vocab_size, int(self.model.config["vocab_size"]))
+        stop_ids = [] if ignore_eos else list(self.model.eos_token_ids)
+        stop_ids += [int(t) for t in stop_token_ids or []]
+
+        run = _Run(self, ids, int(max_tokens), params, stop_ids, stops)
+        return run if stream else run.collect()
+
+
+class _Run:
+    """One generate call: prefill, then tokens from the C++ stream turned into text."""
+
+    def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops):
+        self.session = session
+        self.result: GenerationResult | None = None
+        engine = session.model._engine
+        self._t0 = time.perf_counter()
+        if ids:
+            engine.forward(session._handle, _as_tokens(ids), False)
+        self._prompt_tokens = len(ids)
+        self._stream = engine.generate(session._handle, max_tokens, params, stop_ids)
+        tok = session.model.tokenizer
+        self._decoder = StreamDecoder(tok) if tok is not None else None
+        self._stops = stops
+        self._held = ""  # text held back while it could still be the start of a stop string
+        self._text: list[str] = []
+        self._ids: list[int] = []
+        self._first_token_time: float | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Piece:
+        if self.result is not None:
+            raise StopIteration
+        for tok in self._stream:
+            if self._first_token_time is None:
+                self._first_token_time = time.perf_counter()
+            self._ids.append(tok)
+            if self._decoder is None:
+                return Piece("", [tok])
+            text = self._release(self._decoder.push(tok))
+            if self.result is not None:
+                return Piece(text, [tok], self.result.finish_reason)
+            if text:
+                return Piece(text, [tok])
+        tail = ""
+        if self._decoder is not None:
+            tail = self._release(self._decoder.flush(), final=True)
+        if self.result is None:
+            self._finish(self._stream.finish_reason)
+        if tail:
+            return Piece(tail, [], self.result.finish_reason)
+        raise StopIteration
+
+    def _release(self, new_text: str, final: bool = False) -> str:
+        """Appends decoded text, cutting at a stop string; returns what may be shown."""
+        if not self._stops:
+            self._text.append(new_text)
+            return new_text
+        buf = self._held + new_text
+        for s in self._stops:
+            at = buf.find(s)
+            if at >= 0:
+                self._stream.cancel()
+                self._stream.drain()
+                out = buf[:at]
+                self._text.append(out)
+                self._held = ""
+                self._finish("stop")
+                return out
+        keep = 0 if final else max((k for s in self._stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        self._text.append(out)
+        return out
+
+    def _finish(self, reason: str) -> None:
+        end = time.perf_counter()
+        first = self._first_token_time or end
+        self.result = GenerationResult(
+            text="".join(self._text),
+            token_ids=list(self._ids),
+            finish_reason=reason,
+            prompt_tokens=self._prompt_tokens,
+            prefill_seconds=first - self._t0,
+            decode_seconds=self._stream.decode_seconds,
+        )
+
+    def collect(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return self.result
+
+    def cancel(self) -> None:
+        """Stops generation now; the session keeps every token generated so far."""
+        self._stream.cancel()
+
+
+def _as_tokens(ids) -> np.ndarray:
+    arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+    if arr.ndim != 1:
+        raise LilyError(f"token ids must be 1-D, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
+        raise LilyError("token ids must be non-negative 32-bit integers")
+    return arr.astype(np.int32)
+
+
+def _eos_ids(directory: Path, config: dict, tokenizer: Tokenizer | None) -> list[int]:
+    ids = list(config.get("eos_token_ids", []))
+    gen = directory / "generation_config.json"
+    if gen.exists():
+        try:
+            value = json.loads(gen.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as e:
+            raise LilyError(f"{gen}: invalid JSON ({e})") from e
+        ids += value if isinstance(value, list) else [value] if value is not None else []
+    if tokenizer is not None:
+        for text in (tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
+            tid = tokenizer.token_to_id(text) if text else None
+            if tid is not None:
+                ids.append(tid)
+    return sorted({int(i) for i in ids})

@@ -1,0 +1,88 @@
+"""The checkpoint's tokenizer (tokenizer.json through `tokenizers`) and its chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from ._lily import LilyError
+
+
+class Tokenizer:
+    """Encodes and decodes text with the checkpoint's tokenizer.json."""
+
+    def __init__(self, directory: str | Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on bad files
+            raise LilyError(f"{path}: cannot read the tokenizer ({e})") from e
+        config = _read_json(directory / "tokenizer_config.json")
+        self.chat_template: str | None = config.get("chat_template")
+        template_file = directory / "chat_template.jinja"
+        if template_file.exists():
+            self.chat_template = template_file.read_text()
+        elif (directory / "chat_template.json").exists():
+            self.chat_template = _read_json(directory / "chat_template.json").get("chat_template")
+        self.eos_token: str | None = _token_text(config.get("eos_token"))
+        self.bos_token: str | None = _token_text(config.get("bos_token"))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces that never split a UTF-8
+    character: text is released only once its bytes decode without a replacement char."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self.ids: list[int] = []
+        self._prefix = 0  # ids[_prefix:_read] produced text already released
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        done = self._tok.decode(self.ids[self._prefix : self._read], self._skip)
+        full = self._tok.decode(self.ids[self._prefix :], self._skip)
+        if full.endswith("\ufffd") or len(full) <= len(done):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return full[len(done) :]
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end)."""
+        done = self._tok.decode(self.ids[self._prefix : self._read], self._skip)
+        full = self._tok.decode(self.ids[self._prefix :], self._skip)
+        self._prefix = self._read = len(self.ids)
+        return full[len(done) :]
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise LilyError(f"{path}: invalid JSON ({e})") from e
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
+        return value.get("content")
+    return value

@@ -1,0 +1,329 @@
+// Engine, Session and TokenStream: the Python-facing handles of the C++ core.
+// Generation runs on a C++ thread with the GIL released; tokens reach Python through
+// a queue, so the decode loop never waits on Python.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "bindings.h"
+#include "engine.h"
+#include "error.h"
+#include "threadpool.h"
+
+namespace nb = nanobind;
+
+namespace lily {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T> numpy_owning(std::vector<T>&& v, std::vector<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape.size(), shape.data(), owner);
+}
+
+struct EngineState {
+  std::shared_ptr<ModelWeights> weights;
+  std::unique_ptr<Executor> executor;
+  std::mutex busy;  // one forward or generation at a time (batch 1)
+};
+
+class PySession {
+ public:
+  PySession(std::shared_ptr<EngineState> e, std::unique_ptr<Session> s) : engine(std::move(e)), session(std::move(s)) {}
+  std::shared_ptr<EngineState> engine;
+  std::unique_ptr<Session> session;
+  std::atomic<bool> generating{false};
+
+  void check_idle() const {
+    if (generating) fail("this session is generating; finish or cancel its stream first");
+  }
+};
+
+class TokenStream {
+ public:
+  TokenStream(std::shared_ptr<PySession> s, GenerateRequest req) : session_(std::move(s)) {
+    session_->check_idle();
+    session_->generating = true;
+    start_ = Clock::now();
+    worker_ = std::thread([this, req = std::move(req)] { run(req); });
+  }
+  ~TokenStream() {
+    cancel_ = true;
+    if (worker_.joinable()) {
+      nb::gil_scoped_release release;
+      worker_.join();
+    }
+  }
+
+  int32_t next() {
+    int32_t tok = -1;
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return !queue_.empty() || done_; });
+      if (!queue_.empty()) {
+        tok = queue_.front();
+        queue_.pop_front();
+      }
+    }
+    if (tok >= 0) return tok;
+    join();
+    if (error_) std::rethrow_exception(error_);
+    throw nb::stop_iteration();
+  }
+
+  void cancel() { cancel_ = true; }
+
+  // Waits for the end and returns the remaining tokens.
+  std::vector<int32_t> drain() {
+    std::vector<int32_t> out;
+    for (;;) {
+      {
+        nb::gil_scoped_release release;
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return !queue_.empty() || done_; });
+        while (!queue_.empty()) { out.push_back(queue_.front()); queue_.pop_front(); }
+        if (!done_) continue;
+      }
+      break;
+    }
+    join();
+    if (error_) std::rethrow_exception(error_);
+    return out;
+  }
+
+  std::string finish_reason() const { std::lock_guard<std::mutex> lk(mu_); return finish_reason_; }
+  int64_t n_tokens() const { return n_tokens_; }
+  // Seconds from start to the first token, and from the first to the last token.
+  double first_token_seconds() const { return seconds(start_, first_); }
+  double decode_seconds() const { return seconds(first_, last_); }
+
+ private:
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return b > a ? std::chrono::duration<double>(b - a).count() : 0.0;
+  }
+  void join() {
+    if (worker_.joinable()) {
+      nb::gil_scoped_release release;
+      worker_.join();
+    }
+  }
+  void run(const GenerateRequest& req) {
+    try {
+      std::lock_guard<std::mutex> busy(session_->engine->busy);
+      GenerateResult r = session_->engine->executor->generate(*session_->session, req, [&](int32_t tok) {
+        auto now = Clock::now();
+        std::lock_guard<std::mutex> lk(mu_);
+        if (n_tokens_ == 0) first_ = now;
+        last_ = now;
+        ++n_tokens_;
+        queue_.push_back(tok);
+        cv_.notify_one();
+        return !cancel_.load();
+      });
+      std::lock_guard<std::mutex> lk(mu_);
+      finish_reason_ = r.finish_reason;
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      error_ = std::current_exception();
+    }
+    session_->generating = false;
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  std::shared_ptr<PySession> session_;
+  std::thread worker_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int32_t> queue_;
+  bool done_ = false;
+  std::atomic<bool> cancel_{false};
+  std::string finish_reason_;
+  std::exception_ptr error_;
+  int64_t n_tokens_ = 0;
+  Clock::time_point start_, first_, last_;
+};
+
+class PyEngine {
+ public:
+  PyEngine(const std::string& path, const std::string& device, int64_t prefill_chunk) {
+    state_ = std::make_shared<EngineState>();
+    {
+      nb::gil_scoped_release release;
+      state_->weights = ModelWeights::load(path);
+      state_->executor = make_executor(state_->weights, device);
+    }
+    if (prefill_chunk <= 0) fail("prefill_chunk must be positive, got ", std::to_string(prefill_chunk));
+    state_->executor->prefill_chunk = prefill_chunk;
+  }
+
+  std::shared_ptr<PySession> new_session(int64_t max_context) {
+    const ModelConfig& c = state_->weights->config;
+    if (max_context <= 0) fail("max_context must be positive, got ", std::to_string(max_context));
+    if (max_context > c.max_position_embeddings)
+      fail("max_context ", std::to_string(max_context), " exceeds the model's max_position_embeddings ",
+           std::to_string(c.max_position_embeddings));
+    std::lock_guard<std::mutex> busy(state_->busy);
+    return std::make_shared<PySession>(state_, state_->executor->new_session(max_context));
+  }
+
+  // Feeds tokens; returns [V] last logits, or [n, V] for every position with all_logits.
+  nb::object forward(PySession& s, TokenArray tokens, bool all_logits) {
+    s.check_idle();
+    const int64_t n = static_cast<int64_t>(tokens.shape(0));
+    const int64_t V = state_->weights->config.vocab_size;
+    std::vector<float> all;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> busy(state_->busy);
+      if (all_logits) all.resize(static_cast<size_t>(n) * V);
+      state_->executor->forward(*s.session, tokens.data(), n, all_logits ? all.data() : nullptr);
+    }
+    if (all_logits) return nb::cast(numpy_owning(std::move(all), {static_cast<size_t>(n), static_cast<size_t>(V)}));
+    std::vector<float> last = s.session->last_logits;
+    return nb::cast(numpy_owning(std::move(last), {static_cast<size_t>(V)}));
+  }
+
+  std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
+                                        std::vector<int32_t> stop_ids) {
+    if (max_tokens < 0) fail("max_tokens must be >= 0, got ", std::to_string(max_tokens));
+    Sampler check(p);  // validates the parameters before the thread starts
+    GenerateRequest req{max_tokens, p, std::move(stop_ids)};
+    return std::make_shared<TokenStream>(std::move(s), std::move(req));
+  }
+
+  std::shared_ptr<PySession> clone(PySession& s) {
+    s.check_idle();
+    std::lock_guard<std::mutex> busy(state_->busy);
+    return std::make_shared<PySession>(state_, state_->executor->clone(*s.session));
+  }
+
+  void restore(PySession& dst, PySession& src) {
+    dst.check_idle();
+    std::lock_guard<std::mutex> busy(state_->busy);
+    state_->executor->restore(*dst.session, *src.session);
+  }
+
+  nb::dict config() const {
+    const ModelConfig& c = state_->weights->config;
+    nb::dict d;
+    d["model_type"] = c.model_type;
+    d["hidden_size"] = c.hidden_size;
+    d["num_hidden_layers"] = c.num_hidden_layers;
+    d["vocab_size"] = c.vocab_size;
+    nb::list kinds;
+    for (LayerKind k : c.layer_kinds) kinds.append(k == LayerKind::Full ? "full_attention" : "linear_attention");
+    d["layer_types"] = kinds;
+    d["num_attention_heads"] = c.num_attention_heads;
+    d["num_key_value_heads"] = c.num_key_value_heads;
+    d["head_dim"] = c.head_dim;
+    d["linear_num_key_heads"] = c.linear_num_key_heads;
+    d["linear_key_head_dim"] = c.linear_key_head_dim;
+    d["linear_num_value_heads"] = c.linear_num_value_heads;
+    d["linear_value_head_dim"] = c.linear_value_head_dim;
+    d["linear_conv_kernel_dim"] = c.linear_conv_kernel_dim;
+    d["num_experts"] = c.num_experts;
+    d["num_experts_per_tok"] = c.num_experts_per_tok;
+    d["moe_intermediate_size"] = c.moe_intermediate_size;
+    d["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    d["max_position_embeddings"] = c.max_position_embeddings;
+    d["rope_theta"] = c.rope_theta;
+    d["partial_rotary_factor"] = c.partial_rotary_factor;
+    d["rms_norm_eps"] = c.rms_norm_eps;
+    d["tie_word_embeddings"] = c.tie_word_embeddings;
+    nb::list eos;
+    for (int64_t id : c.eos_token_ids) eos.append(id);
+    d["eos_token_ids"] = eos;
+    return d;
+  }
+
+  std::string device() const { return state_->executor->device_name(); }
+  std::string source_layout() const { return state_->weights->source_layout; }
+  size_t weight_bytes() const { return state_->weights->nbytes(); }
+  int64_t prefill_chunk() const { return state_->executor->prefill_chunk; }
+  void set_prefill_chunk(int64_t n) {
+    if (n <= 0) fail("prefill_chunk must be positive, got ", std::to_string(n));
+    state_->executor->prefill_chunk = n;
+  }
+
+ private:
+  std::shared_ptr<EngineState> state_;
+};
+
+}  // namespace
+
+void register_engine(nb::module_& m) {
+  nb::exception<Error>(m, "LilyError", PyExc_ValueError);
+
+  nb::class_<SamplingParams>(m, "SamplingParams")
+      .def(nb::init<>())
+      .def_rw("temperature", &SamplingParams::temperature)
+      .def_rw("top_k", &SamplingParams::top_k)
+      .def_rw("top_p", &SamplingParams::top_p)
+      .def_rw("min_p", &SamplingParams::min_p)
+      .def_rw("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_rw("presence_penalty", &SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_rw("seed", &SamplingParams::seed)
+      .def_rw("vocab_limit", &SamplingParams::vocab_limit);
+
+  nb::class_<PySession>(m, "Session")
+      .def_prop_ro("position", [](const PySession& s) { return s.session->position(); })
+      .def_prop_ro("max_context", [](const PySession& s) { return s.session->max_context; })
+      .def_prop_ro("tokens", [](const PySession& s) { return s.session->tokens; })
+      .def_prop_ro("pending", [](const PySession& s) { return s.session->pending; })
+      .def_prop_ro("generating", [](const PySession& s) { return s.generating.load(); });
+
+  nb::class_<TokenStream>(m, "TokenStream")
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def("__next__", &TokenStream::next)
+      .def("cancel", &TokenStream::cancel)
+      .def("drain", &TokenStream::drain)
+      .def_prop_ro("finish_reason", &TokenStream::finish_reason)
+      .def_prop_ro("n_tokens", &TokenStream::n_tokens)
+      .def_prop_ro("first_token_seconds", &TokenStream::first_token_seconds)
+      .def_prop_ro("decode_seconds", &TokenStream::decode_seconds);
+
+  nb::class_<PyEngine>(m, "Engine")
+      .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
+           nb::arg("prefill_chunk") = 512)
+      .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
+      .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
+      .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
+           nb::arg("stop_ids"))
+      .def("clone", &PyEngine::clone)
+      .def("restore", &PyEngine::restore)
+      .def_prop_ro("config", &PyEngine::config)
+      .def_prop_ro("device", &PyEngine::device)
+      .def_prop_ro("source_layout", &PyEngine::source_layout)
+      .def_prop_ro("weight_bytes", &PyEngine::weight_bytes)
+      .def_prop_rw("prefill_chunk", &PyEngine::prefill_chunk, &PyEngine::set_prefill_chunk);
+
+  m.def("available_devices", &available_devices);
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads);
+  m.def(
+      "convert",
+      [](const std::string& src, const std::string& dst, int64_t max_shard_bytes) {
+        nb::gil_scoped_release release;
+        ModelWeights::load(src)->save_mlx(dst, max_shard_bytes);
+      },
+      nb::arg("src"), nb::arg("dst"), nb::arg("max_shard_bytes") = int64_t(5) << 30);
+}
+
+}  // namespace lily
