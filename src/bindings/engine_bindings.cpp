@@ -161,15 +161,23 @@ class TokenStream {
 
 class PyEngine {
  public:
-  PyEngine(const std::string& path, const std::string& device, int64_t prefill_chunk) {
-    state_ = std::make_shared<EngineState>();
-    {
-      nb::gil_scoped_release release;
-      state_->weights = ModelWeights::load(path);
-      state_->executor = make_executor(state_->weights, device);
-    }
+  template <typename Load>
+  PyEngine(Load load, const std::string& device, int64_t prefill_chunk) {
     if (prefill_chunk <= 0) fail("prefill_chunk must be positive, got ", std::to_string(prefill_chunk));
+    state_ = std::make_shared<EngineState>();
+    nb::gil_scoped_release release;
+    state_->weights = load();
+    state_->executor = make_executor(state_->weights, device);
     state_->executor->prefill_chunk = prefill_chunk;
+  }
+
+  PyEngine(const std::string& path, const std::string& device, int64_t prefill_chunk)
+      : PyEngine([&] { return ModelWeights::load(path); }, device, prefill_chunk) {}
+
+  // Random weights for config.json at `config_path` (benchmarks; no checkpoint file).
+  static PyEngine* random(const std::string& config_path, const std::string& device, uint64_t seed,
+                          int64_t prefill_chunk) {
+    return new PyEngine([&] { return ModelWeights::random(config_path, seed); }, device, prefill_chunk);
   }
 
   std::shared_ptr<PySession> new_session(int64_t max_context) {
@@ -302,6 +310,8 @@ void register_engine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
            nb::arg("prefill_chunk") = 512)
+      .def_static("random", &PyEngine::random, nb::arg("config_path"), nb::arg("device") = "auto",
+                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 512, nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),

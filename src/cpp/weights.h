@@ -96,6 +96,11 @@ struct ModelWeights {
   // every unconsumed tensor is an error.
   static std::shared_ptr<ModelWeights> load(const std::string& dir, const LoadOptions& opts = {});
 
+  // Random weights for a config (benchmarks at full size without a 19 GB file):
+  // random 4-bit codes with bf16 scales and biases chosen so activations stay finite.
+  // config_path is a config.json; the weights come from `seed` alone.
+  static std::shared_ptr<ModelWeights> random(const std::string& config_path, uint64_t seed);
+
   // Writes the weights as an MLX affine checkpoint (the tensors mlx_lm.convert writes).
   void save_mlx(const std::string& out_dir, int64_t max_shard_bytes) const;
 

@@ -1,0 +1,24 @@
+// Gated DeltaNet gates per token and value head (MODEL.md §4.5 step 5):
+//   g    = -exp(A_log) * softplus(a + dt_bias)   (log-decay <= 0; the decay is exp(g))
+//   beta = sigmoid(b)
+#include <cmath>
+
+#include "check.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace lily::cpu {
+
+void gdn_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log, const float* dt_bias,
+               float* g, float* beta) {
+  check(T >= 0 && Hv > 0, "gdn_gates", "bad shape [", str(T), ", ", str(Hv), "]");
+  check(A_log && dt_bias && (T == 0 || (a && b && g && beta)), "gdn_gates", "missing input or output");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hv; ++h) {
+      const int64_t i = t * Hv + h;
+      g[i] = -std::exp(A_log[h]) * softplus(a[i] + dt_bias[h]);
+      beta[i] = sigmoid(b[i]);
+    }
+}
+
+}  // namespace lily::cpu

@@ -1,0 +1,81 @@
+// The sparse MoE block with its shared expert (MODEL.md §4.6):
+//   out[t] = sum_{e in topK(t)} w_te * expert_e(x[t]) + sigmoid(x[t] . g_s) * shared(x[t])
+// Routed work is grouped by expert: every (token, slot) pair routed to e is gathered
+// into one [n_e, H] block, so each expert's weights are dequantized once per call, and
+// results are added back per token in ascending expert order (the order does not
+// depend on how the prompt was chunked).
+#include <algorithm>
+#include <vector>
+
+#include "check.h"
+#include "layers.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace lily::cpu {
+namespace {
+
+void check_matrix(const QWeight& w, int64_t experts, int64_t rows, int64_t cols, const char* name) {
+  check_qweight(w, "moe_block", name);
+  check(w.experts == experts && w.rows == rows && w.cols == cols, "moe_block", name, " is [", str(w.experts), ", ",
+        str(w.rows), ", ", str(w.cols), "], expected [", str(experts), ", ", str(rows), ", ", str(cols), "]");
+}
+
+}  // namespace
+
+void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out) {
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  check_matrix(w.router, 1, E, H, "router");
+  check_matrix(w.gate_proj, E, I, H, "gate_proj");
+  check_matrix(w.up_proj, E, I, H, "up_proj");
+  check_matrix(w.down_proj, E, H, I, "down_proj");
+  check_matrix(w.shared_gate_proj, 1, Is, H, "shared_expert.gate_proj");
+  check_matrix(w.shared_up_proj, 1, Is, H, "shared_expert.up_proj");
+  check_matrix(w.shared_down_proj, 1, H, Is, "shared_expert.down_proj");
+  check_matrix(w.shared_expert_gate, 1, 1, H, "shared_expert_gate");
+  if (T == 0) return;
+
+  // Route: experts/weights [T, K].
+  buf.logits.resize(T * E);
+  buf.experts.resize(T * K);
+  buf.weights.resize(T * K);
+  qmatmul(x, T, w.router, buf.logits.data());
+  route_topk(buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data());
+
+  // Counting sort of the T*K slots by expert: slots of expert e are
+  // rows_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
+  buf.expert_begin.assign(E + 1, 0);
+  for (int64_t s = 0; s < T * K; ++s) ++buf.expert_begin[buf.experts[s] + 1];
+  for (int64_t e = 0; e < E; ++e) buf.expert_begin[e + 1] += buf.expert_begin[e];
+  buf.rows_by_expert.resize(T * K);
+  {
+    std::vector<int64_t> next(buf.expert_begin.begin(), buf.expert_begin.end() - 1);
+    for (int64_t s = 0; s < T * K; ++s) buf.rows_by_expert[next[buf.experts[s]]++] = static_cast<int32_t>(s);
+  }
+
+  std::fill(out, out + T * H, 0.0f);
+  buf.x_expert.resize(T * H);
+  buf.y_expert.resize(T * H);
+  buf.mlp_scratch.resize(2 * T * std::max(I, Is));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = buf.expert_begin[e], n = buf.expert_begin[e + 1] - begin;
+    if (n == 0) continue;
+    const int32_t* slots = buf.rows_by_expert.data() + begin;
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + (slots[i] / K) * H, H, buf.x_expert.data() + i * H);
+    swiglu_mlp(buf.x_expert.data(), n, w.gate_proj.expert(e), w.up_proj.expert(e), w.down_proj.expert(e),
+               buf.mlp_scratch.data(), buf.y_expert.data());
+    for (int64_t i = 0; i < n; ++i)
+      axpy(buf.weights[slots[i]], buf.y_expert.data() + i * H, out + (slots[i] / K) * H, H);
+  }
+
+  // Shared expert, gated per token by sigmoid(x . shared_expert_gate).
+  buf.shared.resize(T * H);
+  buf.shared_gate.resize(T);
+  swiglu_mlp(x, T, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, buf.mlp_scratch.data(),
+             buf.shared.data());
+  qmatmul(x, T, w.shared_expert_gate, buf.shared_gate.data());
+  for (int64_t t = 0; t < T; ++t) axpy(sigmoid(buf.shared_gate[t]), buf.shared.data() + t * H, out + t * H, H);
+}
+
+}  // namespace lily::cpu
