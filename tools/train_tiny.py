@@ -196,7 +196,7 @@ def main() -> None:
     print(json.dumps(log["final"]), flush=True)
 
     model.config.output_router_logits = False
-    model.to(torch.bfloat16).save_pretrained(hf_dir, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(hf_dir, safe_serialization=True, max_shard_size="12MB")
     cfg_on_disk = json.loads((hf_dir / "config.json").read_text())
     cfg_on_disk["output_router_logits"] = False
     (hf_dir / "config.json").write_text(json.dumps(cfg_on_disk, indent=2))
@@ -209,6 +209,8 @@ def main() -> None:
     (hf_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}, indent=2))
     (out / "held_out_files.txt").write_text("\n".join(str(f) for f in held_files))
+    # A slice of held-out text for consistency tests on machines with another stdlib.
+    (out / "held_out_sample.txt").write_text("".join(held_texts)[:24_000])
     (out / "train_log.json").write_text(json.dumps(log, indent=2))
 
 
