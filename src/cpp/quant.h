@@ -1,4 +1,6 @@
-// MLX affine quantization, bit-exact with mx.quantize / mx.dequantize.
+// MLX affine quantization: affine_quantize is bit-exact with mx.quantize on bf16
+// input; the dequantizers compute scale * q + bias in fp32 (what the executors use;
+// mx.dequantize additionally rounds to bf16 twice, see lily.quant.dequantize).
 //
 // A weight [N, K] with group size g and b bits is stored as
 //   codes  uint32 [N, K*b/32]  (element 32/b*j + n is (word[j] >> b*n) & (2^b-1))

@@ -1,0 +1,555 @@
+"""Random-weight checkpoints of any Qwen3.5/3.6 MoE size, for tests and benchmarks.
+
+Two layouts (docs/MODEL.md §2-3):
+- ``"mlx"``: exactly what mlx-community/Qwen3.6-35B-A3B-4bit holds (``language_model.*`` names,
+  ``switch_mlp`` experts, conv1d [C, K, 1], norms with +1 baked in, affine 4-bit weights with
+  8-bit router and shared-expert gate, a ``quantization`` block in config.json);
+- ``"hf"``: the bf16 layout of Qwen/Qwen3.6-35B-A3B (``model.language_model.*``, fused 3-D
+  experts or per-expert tensors, zero-centred norms, conv1d [C, 1, K], top-level lm_head).
+
+Both layouts are drawn from the same random numbers, so the "mlx" checkpoint of a seed is the
+4-bit conversion of the "hf" checkpoint of that seed. Writing streams tensor by tensor, so a
+35B checkpoint needs little memory; at that size quantized weights are random codes with
+scales chosen for the same spread instead of quantized floats. Needs numpy, lily's extension
+(to quantize) and, when a tokenizer is written, the ``tokenizers`` library; no torch or MLX.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+_TEMPLATES = Path(__file__).parent / "templates"
+_GROUP_SIZE, _BITS, _GATE_BITS = 64, 4, 8
+_ROW_BLOCK_ELEMENTS = 1 << 22  # float elements generated at a time for 2-D tensors
+_RANDOM_CODES_ABOVE = 1 << 30  # parameters; beyond this, quantized weights are random codes
+
+# Special tokens (special: skipped when decoding with skip_special_tokens) and the
+# markup tokens Qwen3.6 adds as ordinary added tokens.
+_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_MARKUP_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+_BPE_VOCAB = 1000  # byte-level BPE size before the added tokens
+
+
+# ---- tokenizer ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_json() -> str:
+    """A byte-level BPE trained on a short built-in English text; deterministic."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=_BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    corpus = (_TEMPLATES / "tokenizer_corpus.txt").read_text(encoding="utf-8")
+    tok.train_from_iterator(corpus.splitlines(keepends=True), trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKUP_TOKENS])
+    return tok.to_str()
+
+
+@functools.lru_cache(maxsize=1)
+def _token_ids() -> dict[str, int]:
+    added = json.loads(_tokenizer_json())["added_tokens"]
+    ids = {t["content"]: t["id"] for t in added}
+    ids["size"] = max(ids.values()) + 1
+    return ids
+
+
+def _write_tokenizer(out: Path) -> dict:
+    """Writes the tokenizer files; returns the generation config."""
+    ids = _token_ids()
+    eos, pad = ids["<|im_end|>"], ids["<|endoftext|>"]
+    (out / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
+    added = {
+        str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                      "special": t in _SPECIAL_TOKENS}
+        for t in _SPECIAL_TOKENS + _MARKUP_TOKENS
+    }
+    tokenizer_config = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "chat_template": (_TEMPLATES / "qwen3_chat_template.jinja").read_text(encoding="utf-8"),
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 262144,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    generation_config = {"bos_token_id": pad, "eos_token_id": [eos, pad], "pad_token_id": pad, "do_sample": True,
+                         "temperature": 1.0, "top_p": 0.95, "top_k": 20}
+    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    _write_json(out / "generation_config.json", generation_config)
+    return generation_config
+
+
+# ---- configs --------------------------------------------------------------------------------
+
+
+def _layer_types(n: int) -> list[str]:
+    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+
+
+def _rope_parameters(head_dim: int, partial_rotary_factor: float) -> dict:
+    # mrope sections split the rotary frequency slots T/H/W as 11/11/10 does for 32 slots.
+    half = int(head_dim * partial_rotary_factor) // 2
+    t = -(-half // 3)
+    h = -(-(half - t) // 2)
+    return {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": partial_rotary_factor,
+            "mrope_section": [t, h, half - t - h], "mrope_interleaved": True}
+
+
+def _text_config(base: dict, overrides: dict) -> dict:
+    c = {**base, **overrides}
+    if "layer_types" not in overrides:
+        c["layer_types"] = _layer_types(c["num_hidden_layers"])
+    if "rope_parameters" not in overrides:
+        c["rope_parameters"] = _rope_parameters(c["head_dim"], c["partial_rotary_factor"])
+    return c
+
+
+_COMMON = {
+    "model_type": "qwen3_5_moe_text",
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-06,
+    "attention_bias": False,
+    "attn_output_gate": True,
+    "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4,
+    "partial_rotary_factor": 0.25,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+    "mamba_ssm_dtype": "float32",
+    "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False,
+    "router_aux_loss_coef": 0.001,
+    "output_router_logits": False,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+
+def tiny_config(**overrides) -> dict:
+    """A tiny text_config (hidden 128, 4 layers: 3 Gated DeltaNet + 1 attention, 8 experts top-2).
+
+    Every quantized input dimension is a multiple of 64, and the vocabulary is the synthetic
+    tokenizer's rounded up to a multiple of 64. Keyword arguments override fields; layer_types
+    and rope_parameters follow num_hidden_layers / head_dim unless given.
+    """
+    ids = _token_ids()
+    base = {
+        **_COMMON,
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_num_value_heads": 4,
+        "linear_value_head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "vocab_size": -(-ids["size"] // 64) * 64,
+        "max_position_embeddings": 262144,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|endoftext|>"],
+    }
+    return _text_config(base, overrides)
+
+
+def config_35b(**overrides) -> dict:
+    """The text_config of Qwen3.6-35B-A3B (docs/MODEL.md §1)."""
+    base = {
+        **_COMMON,
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_key_head_dim": 128,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "vocab_size": 248320,
+        "max_position_embeddings": 262144,
+        "bos_token_id": 248044,
+        "eos_token_id": 248044,
+    }
+    return _text_config(base, overrides)
+
+
+# ---- the model's parameters, in HF terms -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str  # HF name under model.language_model. ("lm_head.weight" at top level)
+    shape: tuple[int, ...]
+    init: str  # "normal", "norm" (zero-centred), "gain" (near 1), "dt_bias", "A_log"
+    std: float = 0.0  # for "normal"; also the spread random codes imitate
+
+    @property
+    def dtype(self) -> str:
+        return "F32" if self.init == "A_log" else "BF16"
+
+
+def _params(c: dict) -> list[_Param]:
+    H, V = c["hidden_size"], c["vocab_size"]
+    Hv, Dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
+    key_dim, value_dim = c["linear_num_key_heads"] * c["linear_key_head_dim"], Hv * Dv
+    conv_dim, Kc = 2 * key_dim + value_dim, c["linear_conv_kernel_dim"]
+    D, q_dim, kv_dim = c["head_dim"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    E, I, Is = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+
+    def linear(name, n, k):  # unit-variance inputs give unit-variance outputs
+        return _Param(name, (n, k), "normal", k**-0.5)
+
+    p = [_Param("embed_tokens.weight", (V, H), "normal", 1.0), _Param("norm.weight", (H,), "norm")]
+    if not c.get("tie_word_embeddings", False):
+        p.append(linear("lm_head.weight", V, H))
+    for i, kind in enumerate(c["layer_types"]):
+        l = f"layers.{i}."
+        p += [_Param(l + "input_layernorm.weight", (H,), "norm"),
+              _Param(l + "post_attention_layernorm.weight", (H,), "norm")]
+        if kind == "linear_attention":
+            a = l + "linear_attn."
+            p += [linear(a + "in_proj_qkv.weight", conv_dim, H), linear(a + "in_proj_z.weight", value_dim, H),
+                  linear(a + "in_proj_b.weight", Hv, H), linear(a + "in_proj_a.weight", Hv, H),
+                  _Param(a + "conv1d.weight", (conv_dim, 1, Kc), "normal", Kc**-0.5),
+                  _Param(a + "dt_bias", (Hv,), "dt_bias"), _Param(a + "A_log", (Hv,), "A_log"),
+                  _Param(a + "norm.weight", (Dv,), "gain"), linear(a + "out_proj.weight", H, value_dim)]
+        else:
+            a = l + "self_attn."
+            p += [linear(a + "q_proj.weight", 2 * q_dim, H), linear(a + "k_proj.weight", kv_dim, H),
+                  linear(a + "v_proj.weight", kv_dim, H), linear(a + "o_proj.weight", H, q_dim),
+                  _Param(a + "q_norm.weight", (D,), "norm"), _Param(a + "k_norm.weight", (D,), "norm")]
+        m = l + "mlp."
+        p += [linear(m + "gate.weight", E, H),
+              _Param(m + "experts.gate_up_proj", (E, 2 * I, H), "normal", H**-0.5),
+              _Param(m + "experts.down_proj", (E, H, I), "normal", I**-0.5),
+              linear(m + "shared_expert.gate_proj.weight", Is, H), linear(m + "shared_expert.up_proj.weight", Is, H),
+              linear(m + "shared_expert.down_proj.weight", H, Is), linear(m + "shared_expert_gate.weight", 1, H)]
+    return p
+
+
+def _blocks(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """How a tensor is generated piece by piece: per expert, in row blocks, or whole."""
+    if len(shape) == 3 and shape[1] > 1:  # an expert stack
+        return [shape[1:]] * shape[0]
+    if len(shape) >= 2:  # a matrix, or conv1d [C, 1, K]
+        inner = shape[1:]
+        step = max(1, _ROW_BLOCK_ELEMENTS // math.prod(inner))
+        return [(min(step, shape[0] - r), *inner) for r in range(0, shape[0], step)]
+    return [shape]
+
+
+def _rng(seed: int, name: str, *more: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), *more])
+
+
+def _float_block(seed: int, p: _Param, i: int) -> np.ndarray:
+    """Block i of parameter p as float32 (bf16 values unless p is float32)."""
+    shape = _blocks(p.shape)[i]
+    rng = _rng(seed, p.name, i)
+    if p.init == "normal":
+        x = rng.standard_normal(shape, dtype=np.float32) * np.float32(p.std)
+    elif p.init == "norm":  # zero-centred: the model multiplies by 1 + w
+        x = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05)
+    elif p.init == "gain":
+        x = 1 + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05)
+    elif p.init == "dt_bias":
+        x = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    else:  # A_log: per-head decay rates A in [1, 16]
+        return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
+    return _round_bf16(x)
+
+
+# ---- bf16 helpers -----------------------------------------------------------------------------
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    return (_bf16_bits(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _stored(x: np.ndarray, dtype: str) -> np.ndarray:
+    return _bf16_bits(x) if dtype == "BF16" else np.ascontiguousarray(x, dtype=np.float32)
+
+
+# ---- tensors to write -----------------------------------------------------------------------
+
+
+@dataclass
+class _Tensor:
+    name: str
+    dtype: str  # "BF16", "F32" or "U32"
+    shape: tuple[int, ...]
+    chunks: Callable[[], Iterator[np.ndarray]]  # arrays whose bytes, in order, are the data
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * (2 if self.dtype == "BF16" else 4)
+
+
+def _float_tensor(name: str, p: _Param, seed: int, shape=None, rows=slice(None), transform=None) -> _Tensor:
+    """Parameter p as a float tensor: optionally some rows of each block, transformed."""
+
+    def chunks():
+        for i in range(len(_blocks(p.shape))):
+            x = _float_block(seed, p, i)[rows]
+            yield _stored(transform(x) if transform else x, p.dtype)
+
+    return _Tensor(name, p.dtype, shape or p.shape, chunks)
+
+
+def _quantized_tensors(module: str, p: _Param, seed: int, shape, rows, bits: int, random_codes: bool) -> list[_Tensor]:
+    """module.weight/.scales/.biases for the float tensor `shape` (p, rows of each block).
+
+    random_codes: uniform random codes, with scales and biases that give the weights the
+    spread (p.std) and zero mean that quantizing p would, at a fraction of the cost.
+    """
+    *lead, K = shape
+    top = (1 << bits) - 1
+    code_std = math.sqrt(((top + 1) ** 2 - 1) / 12)  # std of a uniform code in [0, top]
+
+    def block(i: int, part: int) -> np.ndarray:  # part 0: codes, 1: scales, 2: biases
+        if not random_codes:
+            from lily import quant
+
+            return quant.quantize(_float_block(seed, p, i)[rows], _GROUP_SIZE, bits)[part]
+        n = _blocks(tuple(shape))[i][0]
+        if part == 0:
+            return _rng(seed, module, i, 0).integers(0, 1 << 32, (n, K * bits // 32), dtype=np.uint32)
+        jitter = _rng(seed, module, i, 1).uniform(0.8, 1.2, (n, K // _GROUP_SIZE)).astype(np.float32)
+        scales = _round_bf16(np.float32(p.std / code_std) * jitter)
+        return scales if part == 1 else -scales * np.float32(top / 2)
+
+    def tensor(suffix: str, part: int, dtype: str, last: int) -> _Tensor:
+        def chunks():
+            for i in range(len(_blocks(p.shape))):
+                x = block(i, part)
+                yield x if part == 0 else _bf16_bits(x)
+
+        return _Tensor(module + suffix, dtype, (*lead, last), chunks)
+
+    return [tensor(".weight", 0, "U32", K * bits // 32), tensor(".scales", 1, "BF16", K // _GROUP_SIZE),
+            tensor(".biases", 2, "BF16", K // _GROUP_SIZE)]
+
+
+def _hf_expert_tensor(name: str, p: _Param, seed: int, e: int, rows: slice) -> _Tensor:
+    """Expert e's matrix (some rows of block e of a fused expert tensor)."""
+    N, K = p.shape[1:]
+    return _Tensor(name, "BF16", (len(range(N)[rows]), K), lambda: iter([_bf16_bits(_float_block(seed, p, e)[rows])]))
+
+
+def _hf_tensors(c: dict, seed: int, per_expert: bool) -> list[_Tensor]:
+    out = []
+    for p in _params(c):
+        name = p.name if p.name == "lm_head.weight" else "model.language_model." + p.name
+        if per_expert and ".experts." in name:
+            E, N = p.shape[:2]
+            experts = name.rsplit(".", 1)[0]
+            if "gate_up" in name:
+                projs = [("gate_proj", slice(0, N // 2)), ("up_proj", slice(N // 2, N))]
+            else:
+                projs = [("down_proj", slice(None))]
+            out += [_hf_expert_tensor(f"{experts}.{e}.{proj}.weight", p, seed, e, rows)
+                    for e in range(E) for proj, rows in projs]
+        else:
+            out.append(_float_tensor(name, p, seed))
+    return out
+
+
+def _mlx_tensors(c: dict, seed: int, random_codes: bool) -> tuple[list[_Tensor], dict]:
+    """The tensors of the MLX 4-bit layout and config.json's quantization block."""
+    quantization = {"group_size": _GROUP_SIZE, "bits": _BITS, "mode": "affine"}
+    out = []
+
+    def linear(module: str, p: _Param, shape, rows=slice(None)):
+        if shape[-1] % _GROUP_SIZE:  # mlx_lm leaves such layers in bf16
+            out.append(_float_tensor(module + ".weight", p, seed, shape, rows))
+            return
+        bits = _GATE_BITS if module.endswith(("mlp.gate", "shared_expert_gate")) else _BITS
+        if bits != _BITS:
+            quantization[module] = {"group_size": _GROUP_SIZE, "bits": bits}
+        out.extend(_quantized_tensors(module, p, seed, shape, rows, bits, random_codes))
+
+    for p in _params(c):
+        name = "language_model.lm_head.weight" if p.name == "lm_head.weight" else "language_model.model." + p.name
+        if p.name.endswith("conv1d.weight"):  # [C, 1, K] -> [C, K, 1]: same memory order
+            out.append(_float_tensor(name, p, seed, (p.shape[0], p.shape[2], 1)))
+        elif p.init == "norm":  # +1 baked in, rounded to bf16 as mlx_lm's sanitize does
+            out.append(_float_tensor(name, p, seed, transform=lambda x: _round_bf16(x + np.float32(1))))
+        elif len(p.shape) == 1:
+            out.append(_float_tensor(name, p, seed))
+        elif p.name.endswith("experts.gate_up_proj"):
+            E, N, K = p.shape
+            switch = name.replace("experts.gate_up_proj", "switch_mlp.")
+            linear(switch + "gate_proj", p, (E, N // 2, K), slice(0, N // 2))
+            linear(switch + "up_proj", p, (E, N // 2, K), slice(N // 2, N))
+        elif p.name.endswith("experts.down_proj"):
+            linear(name.replace("experts.down_proj", "switch_mlp.down_proj"), p, p.shape)
+        else:
+            linear(name.removesuffix(".weight"), p, p.shape)
+    return out, quantization
+
+
+def _extra_tensors(c: dict, seed: int, layout: str) -> list[_Tensor]:
+    """A few MTP-head and vision-tower tensors, which text-only loaders must skip."""
+    H = c["hidden_size"]
+    vision = "model.visual." if layout == "hf" else "vision_tower."
+    extras = [_Param("mtp.fc.weight", (H, 2 * H), "normal", 0.02), _Param("mtp.norm.weight", (H,), "norm"),
+              _Param("mtp.layers.0.input_layernorm.weight", (H,), "norm"),
+              _Param(vision + "patch_embed.proj.weight", (32, 3 * 2 * 16 * 16), "normal", 0.02),
+              _Param(vision + "blocks.0.norm1.weight", (32,), "gain")]
+    return [_float_tensor(p.name, p, seed) for p in extras]
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+_NUMPY_DTYPES = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32}
+
+
+def _write_safetensors(path: Path, tensors: list[_Tensor], metadata: dict) -> None:
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # keeps the data 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for t in tensors:
+            written = 0
+            for chunk in t.chunks():
+                chunk = np.ascontiguousarray(chunk, dtype=np.dtype(_NUMPY_DTYPES[t.dtype]).newbyteorder("<"))
+                f.write(chunk.data)
+                written += chunk.nbytes
+            if written != t.nbytes:
+                raise AssertionError(f"synthetic: {t.name} produced {written} bytes, expected {t.nbytes}")
+
+
+def _write_shards(out: Path, tensors: list[_Tensor], shard_bytes: int, metadata: dict) -> None:
+    shards: list[list[_Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    if len(shards) == 1:
+        _write_safetensors(out / "model.safetensors", shards[0], metadata)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(out / file, shard, metadata)
+        weight_map.update((t.name, file) for t in shard)
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": dict(sorted(weight_map.items()))}
+    _write_json(out / "model.safetensors.index.json", index)
+
+
+def _write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_checkpoint(
+    out_dir,
+    config: dict | None = None,
+    layout: str = "mlx",
+    seed: int = 0,
+    tokenizer: bool = True,
+    shard_bytes: int | None = None,
+    *,
+    per_expert: bool = False,
+    extra_tensors: bool = False,
+    random_codes: bool | None = None,
+) -> Path:
+    """Writes a random-weight checkpoint to out_dir and returns its path.
+
+    config: a text_config dict (default ``tiny_config()``; ``config_35b()`` for full size) or a
+    full config holding one under "text_config". layout: "mlx" (4-bit, as mlx-community ships
+    it) or "hf" (bf16, as Qwen ships it). tokenizer: also write the synthetic byte-level BPE
+    tokenizer, chat template and generation config (the config's token ids follow it).
+    shard_bytes: split the weights into files of at most this size (default 5 GiB) with a
+    model.safetensors.index.json. per_expert ("hf" only): experts as
+    ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of fused 3-D tensors.
+    extra_tensors: add a few MTP and vision tensors that text-only loaders must skip.
+    random_codes ("mlx" only): random codes instead of quantized random floats; by default
+    only for models above 2^30 parameters.
+    """
+    if layout not in ("mlx", "hf"):
+        raise ValueError(f"layout must be 'mlx' or 'hf', got {layout!r}")
+    if per_expert and layout != "hf":
+        raise ValueError("per_expert applies to layout='hf' only")
+    if random_codes and layout != "mlx":
+        raise ValueError("random_codes applies to layout='mlx' only")
+    config = config or tiny_config()
+    text = copy.deepcopy(config.get("text_config", config))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    top = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+           "tie_word_embeddings": text.get("tie_word_embeddings", False), "eos_token_id": text.get("eos_token_id")}
+    generation_config = None
+    if tokenizer:
+        ids = _token_ids()
+        if text["vocab_size"] < ids["size"]:
+            raise ValueError(
+                f"config vocab_size {text['vocab_size']} is smaller than the synthetic tokenizer ({ids['size']})")
+        text["bos_token_id"] = text["eos_token_id"] = ids["<|endoftext|>"]
+        top.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+        generation_config = _write_tokenizer(out)
+    top["text_config"] = text
+
+    if layout == "hf":
+        tensors, metadata = _hf_tensors(text, seed, per_expert), {"format": "pt"}
+        config_json = dict(sorted(top.items()))
+    else:
+        from lily.convert import mlx_config  # the config mlx_lm.convert would write for `top`
+
+        if random_codes is None:
+            random_codes = sum(math.prod(p.shape) for p in _params(text)) > _RANDOM_CODES_ABOVE
+        tensors, quantization = _mlx_tensors(text, seed, random_codes)
+        metadata = {"format": "mlx"}
+        config_json = mlx_config({**top, "quantization": quantization}, generation_config)
+    if extra_tensors:
+        tensors += _extra_tensors(text, seed, layout)
+    tensors.sort(key=lambda t: t.name)
+    _write_shards(out, tensors, shard_bytes or 5 << 30, metadata)
+    _write_json(out / "config.json", config_json)
+    return out
