@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DEFAULT_MODEL = "synthetic:tiny"
+DEFAULT_MODEL = "lily-tiny"
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -36,9 +36,8 @@ def cmd_generate(args) -> int:
     from .model import Model
 
     model = Model.load(args.model, device=args.device)
-    use_chat = args.chat if args.chat is not None else bool(model.tokenizer and model.tokenizer.chat_template)
     kwargs = _sampling(args)
-    if use_chat:
+    if args.chat:
         kwargs["messages"] = [{"role": "user", "content": args.prompt}]
         kwargs["enable_thinking"] = args.think
     else:
@@ -98,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt, streamed")
     _add_model_args(g)
     _add_sampling_args(g)
-    g.add_argument("prompt", nargs="?", default="Once upon a time")
-    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap the prompt in the chat template (default: when the model has one)")
+    g.add_argument("prompt", nargs="?", default="import os\n\n\ndef ")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template as a user message (default: raw text)")
     g.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
                    help="let the model think first (chat only; default: off)")
     g.set_defaults(func=cmd_generate)

@@ -18,8 +18,13 @@ def cache_dir() -> Path:
 def builtin_models() -> dict[str, str]:
     """Names that need no download, and what they are."""
     return {
+        "lily-tiny": "a small model of the same architecture trained on the Python standard library (ships with lily)",
         "synthetic:tiny": "a tiny random-weight model that lily writes itself (for smoke tests)",
     }
+
+
+def lily_tiny_dir() -> Path:
+    return Path(__file__).parent / "models" / "lily-tiny"
 
 
 def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
@@ -28,6 +33,8 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Pat
     path = Path(name).expanduser()
     if path.is_dir():
         return path
+    if name == "lily-tiny":
+        return lily_tiny_dir()
     if name == "synthetic:tiny":
         return _synthetic_tiny()
     if path.exists():
