@@ -59,6 +59,8 @@ class Model:
         self.tokenizer = tokenizer
         self.config: dict = engine.config
         self.eos_token_ids: list[int] = _eos_ids(directory, self.config, tokenizer)
+        if tokenizer is not None:
+            engine.set_token_bytes(tokenizer.token_bytes())
 
     @classmethod
     def load(
@@ -241,6 +243,10 @@ class Session:
             raise LilyError("stop must be a non-empty string or a list of them")
         if stops and self.model.tokenizer is None:
             raise LilyError("stop strings need a tokenizer; use stop_token_ids")
+        if int(max_tokens) < 0:
+            raise LilyError(f"max_tokens must be >= 0, got {max_tokens}")
+        if seed is not None and not (isinstance(seed, (int, np.integer)) and 0 <= int(seed) < 2**64):
+            raise LilyError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         params = _lily.SamplingParams()
         params.temperature = float(temperature)
         params.top_p = float(top_p)
@@ -252,6 +258,7 @@ class Session:
         params.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
         if self.model.tokenizer is not None:
             params.vocab_limit = min(self.model.tokenizer.vocab_size, int(self.model.config["vocab_size"]))
+        _lily.check_sampling(params)  # before the prompt touches the session
         stop_ids = [] if ignore_eos else list(self.model.eos_token_ids)
         stop_ids += [int(t) for t in stop_token_ids or []]
 
@@ -260,7 +267,12 @@ class Session:
 
 
 class _Run:
-    """One generate call: prefill, then tokens from the C++ stream turned into text."""
+    """One generate call: prefill, then tokens from the C++ stream turned into text.
+
+    Stop tokens end the text without appearing in it; stop strings are matched in C++
+    on token bytes (so the session stops exactly there) and cut from the text here.
+    Every token id appears in exactly one Piece; the last Piece carries finish_reason.
+    """
 
     def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops):
         self.session = session
@@ -270,13 +282,17 @@ class _Run:
         if ids:
             engine.forward(session._handle, _as_tokens(ids), False)
         self._prompt_tokens = len(ids)
-        self._stream = engine.generate(session._handle, max_tokens, params, stop_ids)
+        self._stream = engine.generate(session._handle, max_tokens, params, stop_ids,
+                                       [s.encode("utf-8") for s in stops])
         tok = session.model.tokenizer
         self._decoder = StreamDecoder(tok) if tok is not None else None
+        self._stop_ids = set(stop_ids)
         self._stops = stops
         self._held = ""  # text held back while it could still be the start of a stop string
+        self._cut = False  # a stop string was found: the rest of the text is dropped
         self._text: list[str] = []
         self._ids: list[int] = []
+        self._unsent: list[int] = []  # ids not yet handed out in a Piece
         self._first_token_time: float | None = None
 
     def __iter__(self):
@@ -289,21 +305,21 @@ class _Run:
             if self._first_token_time is None:
                 self._first_token_time = time.perf_counter()
             self._ids.append(tok)
-            if self._decoder is None:
-                return Piece("", [tok])
+            self._unsent.append(tok)
+            if self._decoder is None or tok in self._stop_ids or self._cut:
+                continue
             text = self._release(self._decoder.push(tok))
-            if self.result is not None:
-                return Piece(text, [tok], self.result.finish_reason)
             if text:
-                return Piece(text, [tok])
+                return self._piece(text)
         tail = ""
-        if self._decoder is not None:
+        if self._decoder is not None and not self._cut:
             tail = self._release(self._decoder.flush(), final=True)
-        if self.result is None:
-            self._finish(self._stream.finish_reason)
-        if tail:
-            return Piece(tail, [], self.result.finish_reason)
-        raise StopIteration
+        self._finish("stop" if self._cut else self._stream.finish_reason)
+        return self._piece(tail, self.result.finish_reason)
+
+    def _piece(self, text: str, finish_reason: str | None = None) -> Piece:
+        ids, self._unsent = self._unsent, []
+        return Piece(text, ids, finish_reason)
 
     def _release(self, new_text: str, final: bool = False) -> str:
         """Appends decoded text, cutting at a stop string; returns what may be shown."""
@@ -311,24 +327,18 @@ class _Run:
             self._text.append(new_text)
             return new_text
         buf = self._held + new_text
-        for s in self._stops:
-            at = buf.find(s)
-            if at >= 0:
-                self._stream.cancel()
-                self._stream.drain()
-                out = buf[:at]
-                self._text.append(out)
-                self._held = ""
-                self._finish("stop")
-                return out
-        keep = 0 if final else max((k for s in self._stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
-        out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        hits = [at for at in (buf.find(s) for s in self._stops) if at >= 0]
+        if hits:
+            out, self._held, self._cut = buf[: min(hits)], "", True
+        else:
+            keep = 0 if final else max(
+                (k for s in self._stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+            out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
         self._text.append(out)
         return out
 
     def _finish(self, reason: str) -> None:
-        end = time.perf_counter()
-        first = self._first_token_time or end
+        first = self._first_token_time or time.perf_counter()
         self.result = GenerationResult(
             text="".join(self._text),
             token_ids=list(self._ids),

@@ -38,6 +38,28 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each token id stands for (for stop-string matching in C++)."""
+        byte_level = _byte_level_decoder()
+        added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        table = []
+        for i in range(self.vocab_size):
+            piece = self._tok.id_to_token(i)
+            if piece is None:
+                table.append(b"")
+            elif piece in added or not self._is_byte_level:
+                table.append(self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "replace"))
+            else:
+                table.append(bytes(byte_level.get(ch, 0) for ch in piece))
+        return table
+
+    @property
+    def _is_byte_level(self) -> bool:
+        import json as _json
+
+        decoder = _json.loads(self._tok.to_str()).get("decoder") or {}
+        return decoder.get("type") == "ByteLevel"
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
@@ -71,6 +93,19 @@ class StreamDecoder:
         full = self._tok.decode(self.ids[self._prefix :], self._skip)
         self._prefix = self._read = len(self.ids)
         return full[len(done) :]
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: each printable stand-in char -> its byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
 
 
 def _read_json(path: Path) -> dict:

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/shared_ptr.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -52,9 +53,42 @@ class PySession {
   }
 };
 
+// Finds stop strings in the bytes of the generated tokens. Matching in C++ lets the
+// executor stop exactly at the token that completes a stop string, so the session
+// holds no token beyond the text returned.
+class StopStringMatcher {
+ public:
+  StopStringMatcher(std::shared_ptr<const std::vector<std::string>> token_bytes, std::vector<std::string> stops)
+      : token_bytes_(std::move(token_bytes)), stops_(std::move(stops)) {
+    for (const auto& s : stops_) longest_ = std::max(longest_, s.size());
+  }
+  bool empty() const { return stops_.empty(); }
+
+  // Appends a token's bytes; true when a stop string now ends inside them.
+  bool push(int32_t tok) {
+    if (stops_.empty() || !token_bytes_ || tok < 0 || tok >= static_cast<int32_t>(token_bytes_->size())) return false;
+    const size_t before = tail_.size();
+    tail_ += (*token_bytes_)[tok];
+    for (const auto& s : stops_) {
+      // Only matches that end in the new bytes; older ones would have stopped earlier.
+      size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+      if (tail_.find(s, from) != std::string::npos) return true;
+    }
+    if (tail_.size() > 2 * longest_ + 64) tail_.erase(0, tail_.size() - longest_);
+    return false;
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> token_bytes_;
+  std::vector<std::string> stops_;
+  std::string tail_;
+  size_t longest_ = 0;
+};
+
 class TokenStream {
  public:
-  TokenStream(std::shared_ptr<PySession> s, GenerateRequest req) : session_(std::move(s)) {
+  TokenStream(std::shared_ptr<PySession> s, GenerateRequest req, StopStringMatcher stops)
+      : session_(std::move(s)), stops_(std::move(stops)) {
     session_->check_idle();
     session_->generating = true;
     start_ = Clock::now();
@@ -132,10 +166,14 @@ class TokenStream {
         ++n_tokens_;
         queue_.push_back(tok);
         cv_.notify_one();
+        if (stops_.push(tok)) {
+          stopped_by_string_ = true;
+          return false;
+        }
         return !cancel_.load();
       });
       std::lock_guard<std::mutex> lk(mu_);
-      finish_reason_ = r.finish_reason;
+      finish_reason_ = stopped_by_string_ ? "stop" : r.finish_reason;
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
       error_ = std::current_exception();
@@ -147,6 +185,8 @@ class TokenStream {
   }
 
   std::shared_ptr<PySession> session_;
+  StopStringMatcher stops_;
+  bool stopped_by_string_ = false;
   std::thread worker_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -208,11 +248,25 @@ class PyEngine {
   }
 
   std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
-                                        std::vector<int32_t> stop_ids) {
+                                        std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings) {
     if (max_tokens < 0) fail("max_tokens must be >= 0, got ", std::to_string(max_tokens));
     Sampler check(p);  // validates the parameters before the thread starts
+    std::vector<std::string> stops;
+    for (const nb::bytes& b : stop_strings) {
+      if (b.size() == 0) fail("stop strings must not be empty");
+      stops.emplace_back(b.c_str(), b.size());
+    }
+    if (!stops.empty() && !token_bytes_) fail("stop strings need the tokenizer's token bytes (set_token_bytes)");
     GenerateRequest req{max_tokens, p, std::move(stop_ids)};
-    return std::make_shared<TokenStream>(std::move(s), std::move(req));
+    return std::make_shared<TokenStream>(std::move(s), std::move(req), StopStringMatcher(token_bytes_, std::move(stops)));
+  }
+
+  // The bytes each token id stands for (from the tokenizer), for stop-string matching.
+  void set_token_bytes(const std::vector<nb::bytes>& table) {
+    auto t = std::make_shared<std::vector<std::string>>();
+    t->reserve(table.size());
+    for (const nb::bytes& b : table) t->emplace_back(b.c_str(), b.size());
+    token_bytes_ = std::move(t);
   }
 
   std::shared_ptr<PySession> clone(PySession& s) {
@@ -271,6 +325,7 @@ class PyEngine {
 
  private:
   std::shared_ptr<EngineState> state_;
+  std::shared_ptr<const std::vector<std::string>> token_bytes_;
 };
 
 }  // namespace
@@ -315,7 +370,8 @@ void register_engine(nb::module_& m) {
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
-           nb::arg("stop_ids"))
+           nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})
+      .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))
       .def("clone", &PyEngine::clone)
       .def("restore", &PyEngine::restore)
       .def_prop_ro("config", &PyEngine::config)
@@ -324,6 +380,8 @@ void register_engine(nb::module_& m) {
       .def_prop_ro("weight_bytes", &PyEngine::weight_bytes)
       .def_prop_rw("prefill_chunk", &PyEngine::prefill_chunk, &PyEngine::set_prefill_chunk);
 
+  m.def("check_sampling", [](const SamplingParams& p) { Sampler check(p); }, nb::arg("sampling"),
+        "Raises LilyError if the sampling parameters are invalid.");
   m.def("available_devices", &available_devices);
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads);

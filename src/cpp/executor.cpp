@@ -13,6 +13,13 @@ void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
            std::to_string(c.vocab_size), ")");
 }
 
+void check_restore(const Session& dst, const Session& src) {
+  const int64_t need = src.position() + (src.pending >= 0 ? 1 : 0);
+  if (need > dst.max_context)
+    fail("restore: the snapshot holds ", std::to_string(need), " positions but the session has room for ",
+         std::to_string(dst.max_context));
+}
+
 void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits) {
   const ModelConfig& c = weights_->config;
   if (n <= 0) fail("forward: no tokens given");

@@ -58,6 +58,7 @@ class Executor {
   virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
 
   // Snapshots: an independent copy of the session's state, and copying one back.
+  // restore keeps dst's own max_context and refuses a state that does not fit it.
   virtual std::unique_ptr<Session> clone(const Session& s) = 0;
   virtual void restore(Session& dst, const Session& src) = 0;
 
@@ -75,5 +76,6 @@ class Executor {
 };
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n);
+void check_restore(const Session& dst, const Session& src);
 
 }  // namespace lily

@@ -16,6 +16,9 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
   if (p.top_k < 0) fail("top_k must be >= 0, got ", std::to_string(p.top_k));
   if (!(p.repetition_penalty > 0.0f)) fail("repetition_penalty must be > 0, got ", std::to_string(p.repetition_penalty));
   if (!std::isfinite(p.temperature)) fail("temperature must be finite");
+  if (!std::isfinite(p.presence_penalty)) fail("presence_penalty must be finite");
+  if (!std::isfinite(p.frequency_penalty)) fail("frequency_penalty must be finite");
+  if (!std::isfinite(p.repetition_penalty)) fail("repetition_penalty must be finite");
 }
 
 int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,

@@ -14,13 +14,13 @@ inline void check(bool ok, const char* op, const Args&... why) {
 
 inline std::string str(int64_t v) { return std::to_string(v); }
 
-// A quantized matrix the CPU kernels can read: data present, bits dividing 32, groups a
-// multiple of 16 values (the vector width of the dot kernels) that tile each row.
+// A quantized matrix the CPU kernels can read: data present, MLX's bit widths that divide
+// 32 and MLX's group sizes, groups tiling each row.
 inline void check_qweight(const QWeight& w, const char* op, const char* name) {
   check(w.codes && w.scales && w.biases, op, name, " has no data");
   check(w.bits == 2 || w.bits == 4 || w.bits == 8, op, name, " has ", str(w.bits), " bits; supported: 2, 4, 8");
-  check(w.group_size >= 16 && w.group_size % 16 == 0, op, name, " has group size ", str(w.group_size),
-        "; it must be a multiple of 16");
+  check(w.group_size == 32 || w.group_size == 64 || w.group_size == 128, op, name, " has group size ",
+        str(w.group_size), "; supported: 32, 64, 128");
   check(w.rows > 0 && w.cols > 0 && w.cols % w.group_size == 0, op, name, " is [", str(w.rows), ", ", str(w.cols),
         "]; cols must be a positive multiple of the group size ", str(w.group_size));
 }

@@ -32,7 +32,7 @@ struct AttnBuffers {
 
 struct MoeBuffers {
   std::vector<float> logits, weights, x_expert, y_expert, mlp_scratch, shared, shared_gate;
-  std::vector<int32_t> experts, rows_by_expert;
+  std::vector<int32_t> experts, slots_by_expert;
   std::vector<int64_t> expert_begin;
 };
 

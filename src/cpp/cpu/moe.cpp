@@ -44,14 +44,14 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   route_topk(buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data());
 
   // Counting sort of the T*K slots by expert: slots of expert e are
-  // rows_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
+  // slots_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
   buf.expert_begin.assign(E + 1, 0);
   for (int64_t s = 0; s < T * K; ++s) ++buf.expert_begin[buf.experts[s] + 1];
   for (int64_t e = 0; e < E; ++e) buf.expert_begin[e + 1] += buf.expert_begin[e];
-  buf.rows_by_expert.resize(T * K);
+  buf.slots_by_expert.resize(T * K);
   {
     std::vector<int64_t> next(buf.expert_begin.begin(), buf.expert_begin.end() - 1);
-    for (int64_t s = 0; s < T * K; ++s) buf.rows_by_expert[next[buf.experts[s]]++] = static_cast<int32_t>(s);
+    for (int64_t s = 0; s < T * K; ++s) buf.slots_by_expert[next[buf.experts[s]]++] = static_cast<int32_t>(s);
   }
 
   std::fill(out, out + T * H, 0.0f);
@@ -61,7 +61,7 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   for (int64_t e = 0; e < E; ++e) {
     const int64_t begin = buf.expert_begin[e], n = buf.expert_begin[e + 1] - begin;
     if (n == 0) continue;
-    const int32_t* slots = buf.rows_by_expert.data() + begin;
+    const int32_t* slots = buf.slots_by_expert.data() + begin;
     for (int64_t i = 0; i < n; ++i) std::copy_n(x + (slots[i] / K) * H, H, buf.x_expert.data() + i * H);
     swiglu_mlp(buf.x_expert.data(), n, w.gate_proj.expert(e), w.up_proj.expert(e), w.down_proj.expert(e),
                buf.mlp_scratch.data(), buf.y_expert.data());

@@ -2,16 +2,24 @@
 //
 // Each thread owns a range of output rows. It dequantizes a block of kRowBlock weight
 // rows (w = scale*q + bias, from the bf16 scales/biases) into a small buffer and dots
-// them with a tile of kTokenTile input rows, so both stay in L2 while they are reused:
+// them with a tile of kTokenTile input rows, so both stay in cache while they are reused:
 // per tile the dequantization costs N*K against the tile's kTokenTile*N*K multiply-adds.
+//
+// Lane order. A group of g values is stored as W = g*bits/32 words, word j holding
+// elements P*j + n (n < P = 32/bits) in its bit fields. Unpacking bit field n of all W
+// words at once is one vector shift-and-mask, and yields the group in the order
+// n*W + j. The weights are kept in that order and each input row is permuted the same
+// way (xp[n*W + j] = x[P*j + n] within a group): a dot product is indifferent to the
+// order of its terms, and this makes the dequantization a few vector ops per 16 values.
+//
 // Every output is one fp32 dot of a full row, so the result does not depend on T, the
 // tiling or the thread count.
 #include <algorithm>
 #include <vector>
 
+#include "bf16.h"
 #include "check.h"
 #include "ops.h"
-#include "quant.h"
 #include "threadpool.h"
 #include "vec.h"
 
@@ -21,31 +29,82 @@ namespace {
 constexpr int64_t kRowBlock = 16;   // weight rows per block: 4 calls of dot4
 constexpr int64_t kTokenTile = 32;  // input rows swept per dequantized block
 
+// One weight row into the group lane order described above. The group shape is a
+// template argument so the inner loop is a fixed run of vector lanes.
+template <int bits, int group_size>
+void dequantize_row_lanes(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t cols,
+                          float* out) {
+  constexpr int per_word = 32 / bits, words = group_size / per_word;
+  constexpr uint32_t mask = (1u << bits) - 1;
+  for (int64_t g = 0; g < cols / group_size; ++g) {
+    const float s = bf16_to_float(scales[g]), b = bf16_to_float(biases[g]);
+    const uint32_t* wg = codes + g * words;
+    float* og = out + g * group_size;
+    for (int n = 0; n < per_word; ++n)
+      for (int j = 0; j < words; ++j) og[n * words + j] = s * static_cast<float>((wg[j] >> (n * bits)) & mask) + b;
+  }
+}
+
+template <int bits>
+void dequantize_row_bits(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t cols,
+                         int group_size, float* out) {
+  switch (group_size) {
+    case 32: return dequantize_row_lanes<bits, 32>(codes, scales, biases, cols, out);
+    case 64: return dequantize_row_lanes<bits, 64>(codes, scales, biases, cols, out);
+    case 128: return dequantize_row_lanes<bits, 128>(codes, scales, biases, cols, out);
+    default: fail("qmatmul: unsupported group size ", str(group_size));
+  }
+}
+
+void dequantize_row(const QWeight& w, int64_t row, float* out) {
+  const uint32_t* codes = w.codes + row * w.words_per_row();
+  const uint16_t* scales = w.scales + row * w.groups_per_row();
+  const uint16_t* biases = w.biases + row * w.groups_per_row();
+  switch (w.bits) {
+    case 2: return dequantize_row_bits<2>(codes, scales, biases, w.cols, w.group_size, out);
+    case 4: return dequantize_row_bits<4>(codes, scales, biases, w.cols, w.group_size, out);
+    case 8: return dequantize_row_bits<8>(codes, scales, biases, w.cols, w.group_size, out);
+    default: fail("qmatmul: unsupported bits ", str(w.bits));
+  }
+}
+
+// One input row into the same lane order.
+void permute_input_row(const float* x, int64_t cols, int group_size, int bits, float* out) {
+  const int per_word = 32 / bits, words = group_size / per_word;
+  for (int64_t g0 = 0; g0 < cols; g0 += group_size)
+    for (int n = 0; n < per_word; ++n)
+      for (int j = 0; j < words; ++j) out[g0 + n * words + j] = x[g0 + per_word * j + n];
+}
+
 }  // namespace
 
 void qmatmul(const float* x, int64_t T, const QWeight& w, float* y) {
   check_qweight(w, "qmatmul", "the weight");
   check(w.experts == 1, "qmatmul", "the weight is a stack of ", str(w.experts), " matrices; pass one expert");
   check(T >= 0 && (T == 0 || (x && y)), "qmatmul", "missing input or output for ", str(T), " rows");
-  const int64_t N = w.rows, K = w.cols, words = w.words_per_row(), groups = w.groups_per_row();
+  const int64_t N = w.rows, K = w.cols;
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    std::vector<float> rows(kRowBlock * K);
+    // Per-thread buffers, kept between calls: a fresh 100+ KB allocation per call would
+    // cost page faults comparable to a whole decode-sized product.
+    thread_local std::vector<float> rows, xp;
+    rows.resize(kRowBlock * K);
+    xp.resize(std::min(T, kTokenTile) * K);
     for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
-      const int64_t t1 = std::min(T, t0 + kTokenTile);
+      const int64_t nt = std::min(kTokenTile, T - t0);
+      for (int64_t t = 0; t < nt; ++t)
+        permute_input_row(x + (t0 + t) * K, K, w.group_size, w.bits, xp.data() + t * K);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n0 = b * kRowBlock, nr = std::min(kRowBlock, N - n0);
-        for (int64_t r = 0; r < nr; ++r)
-          affine_dequantize_row(w.codes + (n0 + r) * words, w.scales + (n0 + r) * groups,
-                                w.biases + (n0 + r) * groups, K, w.group_size, w.bits, rows.data() + r * K);
+        for (int64_t r = 0; r < nr; ++r) dequantize_row(w, n0 + r, rows.data() + r * K);
         // The last block may end inside a group of four rows: pad it with zero rows.
         const int64_t padded = (nr + 3) / 4 * 4;
         std::fill(rows.begin() + nr * K, rows.begin() + padded * K, 0.0f);
-        for (int64_t t = t0; t < t1; ++t) {
-          float* yt = y + t * N + n0;
+        for (int64_t t = 0; t < nt; ++t) {
+          float* yt = y + (t0 + t) * N + n0;
           for (int64_t r = 0; r < nr; r += 4) {
             float out[4];
-            dot4(x + t * K, rows.data() + r * K, K, out);
+            dot4(xp.data() + t * K, rows.data() + r * K, K, out);
             std::copy(out, out + std::min<int64_t>(4, nr - r), yt + r);
           }
         }

@@ -1,27 +1,34 @@
-// Small inline vector helpers for the CPU ops. The sums keep 16 independent partial
-// accumulators so the compiler vectorises them without -ffast-math (a single running sum
-// would be a serial dependency it may not reorder). Lengths are multiples of 16 where
-// noted; the others have a scalar tail.
+// Small inline vector helpers for the CPU ops, on GCC/Clang vector types: 16 floats
+// (one AVX-512 register, two AVX2 registers) per step, accumulators kept in registers.
+// Plain loops would not vectorise a float sum without -ffast-math, because that reorders
+// the additions; here the order is explicit (16 partial sums, then their total).
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace lily::cpu {
 
+using f32x16 = float __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
 
-inline float sum_lanes(const float* acc) {
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float sum_lanes(f32x16 v) {
   float s = 0;
-  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  for (int j = 0; j < kLanes; ++j) s += v[j];
   return s;
 }
 
 // sum_k a[k] * b[k], any n.
 inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {};
+  f32x16 acc = {};
   int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
+  for (; k + kLanes <= n; k += kLanes) acc += load16(a + k) * load16(b + k);
   float s = sum_lanes(acc);
   for (; k < n; ++k) s += a[k] * b[k];
   return s;
@@ -30,11 +37,18 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // out[r] = sum_k x[k] * w[r*n + k] for r < 4: four rows share each load of x.
 // n is a multiple of kLanes.
 inline void dot4(const float* x, const float* w, int64_t n, float* out) {
-  float acc[4][kLanes] = {};
-  for (int64_t k = 0; k < n; k += kLanes)
-    for (int r = 0; r < 4; ++r)
-      for (int64_t j = 0; j < kLanes; ++j) acc[r][j] += x[k + j] * w[r * n + k + j];
-  for (int r = 0; r < 4; ++r) out[r] = sum_lanes(acc[r]);
+  f32x16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  for (int64_t k = 0; k < n; k += kLanes) {
+    const f32x16 xv = load16(x + k);
+    a0 += xv * load16(w + k);
+    a1 += xv * load16(w + n + k);
+    a2 += xv * load16(w + 2 * n + k);
+    a3 += xv * load16(w + 3 * n + k);
+  }
+  out[0] = sum_lanes(a0);
+  out[1] = sum_lanes(a1);
+  out[2] = sum_lanes(a2);
+  out[3] = sum_lanes(a3);
 }
 
 // y += a * x

@@ -1,0 +1,74 @@
+"""`lily bench consistency`: teacher-forced comparison of lily with a reference engine
+(BENCHMARK.md, "Numerical consistency contract"): mean KL divergence, top-1 agreement,
+and the perplexity of the sequence under each engine, over 192 positions or more."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..consistency import benchmark_tokens, compare
+from .references import reference_logits
+
+MIN_POSITIONS = 192
+
+# Ordinary English prose, so that a real checkpoint sees text it can predict (perplexity is
+# then meaningful); token ids repeat it when more positions are asked for.
+PASSAGE = (
+    "The lighthouse keeper kept a notebook of the weather, one line for every morning. Most lines were short: "
+    "wind from the west, a grey sea, a ship passing north before noon. In the winter the lines grew longer, "
+    "because storms took whole days to arrive and whole nights to leave, and he liked to write down how the "
+    "light looked on the water while they did. When the harbour office asked him to send his notes, he copied "
+    "them out by hand, and the clerk who read them said they were more useful than the instruments, since the "
+    "instruments only measured what had already happened. The keeper did not agree. He said the instruments "
+    "were honest and he was only patient. Years later, when the lamp was replaced by an automatic beacon and "
+    "the keeper moved inland, the notebooks went to the town library. Students still read them to learn how "
+    "the coast changed: where the sand moved, which winters froze the bay, how often the fog came in June. "
+    "Nobody expected a list of mornings to become a history, but a careful record kept for long enough "
+    "usually does. The keeper's last entry is a single sentence about the sea being calm, the sky clear, and "
+    "the light, for once, not needed at all."
+)
+
+
+def reference_sequence(model, positions: int, text: str | None) -> np.ndarray:
+    """`positions` token ids: the given text or the built-in passage through the model's
+    tokenizer, repeated as needed; without a tokenizer, BENCHMARK.md's synthetic prompt."""
+    if model.tokenizer is None:
+        return benchmark_tokens(positions, int(model.config["vocab_size"]))
+    ids = model.encode(text if text is not None else PASSAGE)
+    if not ids:
+        raise ValueError("the text encodes to no tokens")
+    return np.resize(np.asarray(ids, dtype=np.int32), positions)
+
+
+def run(model_path: str, reference: str, device: str, positions: int, text_file: str | None, out: Path) -> int:
+    from .. import hub
+    from ..model import Model
+
+    if positions < MIN_POSITIONS:
+        raise ValueError(f"--positions must be at least {MIN_POSITIONS} (BENCHMARK.md), got {positions}")
+    directory = hub.resolve(model_path)
+    model = Model.load(str(directory), device=device)
+    text = Path(text_file).read_text(encoding="utf-8") if text_file else None
+    ids = reference_sequence(model, positions, text)
+    print(f"lily bench consistency: {positions} positions, lily on {model.device} against {reference}",
+          file=sys.stderr)
+    test = model.logits(ids)
+    tested_on = model.device
+    del model  # the reference may need the memory
+    ref = reference_logits(reference, directory, ids)
+    result = compare(ref, test, ids)
+    record = {"schema": "lily-bench-consistency/1", "model": str(directory), "reference": reference,
+              "lily_device": tested_on, "sequence": "text file" if text_file else "built-in passage or synthetic",
+              "positions": result.positions, "mean_kl": result.mean_kl, "max_kl": result.max_kl,
+              "top1_agreement": result.top1, "perplexity_reference": result.ppl_ref,
+              "perplexity_lily": result.ppl_test, "perplexity_ratio": result.ppl_ratio}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"consistency-{reference}-vs-{tested_on}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"lily ({tested_on}) vs {reference}: {result}")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0

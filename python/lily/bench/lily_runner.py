@@ -1,0 +1,44 @@
+"""lily itself under the throughput contract."""
+
+from __future__ import annotations
+
+from .runners import RunOptions, Timing
+from .target import Target
+
+
+class LilyRunner:
+    name = "lily"
+
+    def __init__(self, target: Target, device: str, options: RunOptions):
+        from .. import _lily
+        from ..model import Model
+
+        if target.random_weights:  # generated in memory: no 19 GB checkpoint to write or read
+            engine = _lily.Engine.random(str(target.config_path), device, options.seed, options.prefill_chunk)
+            self.model = Model(engine, target.config_path.parent, None)
+        else:
+            self.model = Model.load(str(target.checkpoint), device=device, prefill_chunk=options.prefill_chunk)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config["vocab_size"])
+
+    def info(self) -> dict:
+        from .. import _lily
+
+        engine = self.model._engine
+        return {"device": self.model.device, "weights": engine.source_layout, "weight_bytes": engine.weight_bytes,
+                "prefill_chunk": engine.prefill_chunk, "cpu_threads": _lily.num_threads()}
+
+    def run(self, prompt: list[int], new_tokens: int) -> Timing:
+        session = self.model.new_session(len(prompt) + new_tokens)
+        r = session.generate(prompt, max_tokens=new_tokens, ignore_eos=True)
+        if len(r.token_ids) != new_tokens:
+            raise RuntimeError(f"lily generated {len(r.token_ids)} tokens, expected {new_tokens} ({r.finish_reason})")
+        return Timing(r.prefill_seconds, r.decode_seconds, r.token_ids)
+
+    @staticmethod
+    def check() -> dict:
+        from .. import _lily, __version__
+
+        return {"lily": __version__, "lily_devices": list(_lily.available_devices())}

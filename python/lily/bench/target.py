@@ -1,0 +1,66 @@
+"""What a bench runs: random weights for a config (no checkpoint file), or a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SYNTHETIC_SIZES = ("35b", "tiny")
+RANDOM_WEIGHTS_NOTE = ("synthetic weights (random 4-bit codes): routing with a random router is close to uniform, "
+                       "so expert traffic is not that of a trained model")
+
+
+@dataclass(frozen=True)
+class Target:
+    config_path: Path  # config.json (for random weights: the text_config the sweep wrote)
+    checkpoint: Path | None  # None: random weights generated in memory from the config
+    label: str
+
+    @property
+    def random_weights(self) -> bool:
+        return self.checkpoint is None
+
+    def config(self) -> dict:
+        return json.loads(self.config_path.read_text())
+
+    def text_config(self) -> dict:
+        """The text model's fields, with the top-level ones a text_config may leave out."""
+        c = self.config()
+        text = dict(c.get("text_config", c))
+        text.setdefault("tie_word_embeddings", c.get("tie_word_embeddings", False))
+        return text
+
+    def arm_args(self) -> list[str]:
+        if self.checkpoint is None:
+            return ["--config", str(self.config_path), "--label", self.label]
+        return ["--model", str(self.checkpoint), "--label", self.label]
+
+    @classmethod
+    def from_arm_args(cls, config: str | None, model: str | None, label: str) -> "Target":
+        if model:
+            return cls(Path(model) / "config.json", Path(model), label)
+        return cls(Path(config), None, label)
+
+    def describe(self) -> dict:
+        if self.checkpoint is None:
+            return {"label": self.label, "weights": "random", "config": str(self.config_path),
+                    "note": RANDOM_WEIGHTS_NOTE}
+        return {"label": self.label, "weights": "checkpoint", "path": str(self.checkpoint)}
+
+
+def prepare(synthetic_size: str | None, model: str | None, work_dir: Path) -> Target:
+    """The target of a sweep; a synthetic config is written into work_dir for the arms."""
+    if synthetic_size:
+        from .. import synthetic
+
+        if synthetic_size not in SYNTHETIC_SIZES:
+            raise ValueError(f"--synthetic must be one of {', '.join(SYNTHETIC_SIZES)}, got '{synthetic_size}'")
+        config = synthetic.config_35b() if synthetic_size == "35b" else synthetic.tiny_config()
+        path = work_dir / f"config-{synthetic_size}.json"
+        path.write_text(json.dumps(config, indent=1) + "\n")
+        return Target(path, None, f"synthetic {synthetic_size}")
+    from .. import hub
+
+    directory = hub.resolve(model)
+    return Target(directory / "config.json", directory, str(model))

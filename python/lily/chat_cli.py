@@ -1,0 +1,164 @@
+"""`lily chat`: an interactive chat in the terminal, streamed, on one reused session.
+
+Each turn feeds only what the prefix cache does not hold (the history is not re-read), and
+prints prefill and decode speeds. Thinking is shown dimmed, or hidden with --hide-thinking.
+Commands: /reset, /system [TEXT], /help, /exit. Ctrl-C stops a reply; Ctrl-D leaves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, TextIO
+
+from ._lily import LilyError
+from .cli import _add_model_args, _add_sampling_args, _sampling
+from .prefix_cache import PrefixCache, reply_start
+from .tool_calls import AssistantStream, prompt_opens_reasoning
+
+HELP = """commands:
+  /reset          forget the conversation (keeps the system prompt)
+  /system [TEXT]  set the system prompt and start over (no TEXT: remove it)
+  /help           this text
+  /exit           leave (or Ctrl-D)"""
+
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("chat", help="chat with a model in the terminal")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(max_tokens=2048)
+    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the model think before answering (default: on)")
+    p.add_argument("--hide-thinking", action="store_true", help="do not show the model's thinking")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--context", type=int, default=None, help="context tokens (default: the model's)")
+    p.add_argument("--cache-mb", type=int, default=1024, help="prefix cache budget in MiB (default: 1024)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .model import Model
+
+    model = Model.load(args.model, device=args.device)
+    chat = Chat(model, args, sys.stdout, sys.stderr)
+    print(f"lily chat: {model.path.name} on {model.device}. /help for commands.", file=sys.stderr)
+    chat.loop(_read_line)
+    return 0
+
+
+def _read_line() -> str:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    return input("> ")
+
+
+class Chat:
+    """The conversation: its messages, the session and cache behind them, and the screen."""
+
+    def __init__(self, model, args: argparse.Namespace, out: TextIO, err: TextIO):
+        self.model = model
+        self.args = args
+        self.out, self.err = out, err
+        self.system = args.system
+        self.messages: list[dict] = []
+        context = args.context or model.max_context
+        self.session = model.new_session(context)
+        self.cache = PrefixCache.for_model(model, max(args.cache_mb, 0) << 20, context)
+        self._styled = out.isatty()
+        self._stop_text = {i: model.decode([i]) for i in model.eos_token_ids}
+        self._reasoning_shown = False  # reasoning printed and not yet followed by content
+
+    def loop(self, read_line: Callable[[], str]) -> None:
+        while True:
+            try:
+                line = read_line().strip()
+            except (EOFError, KeyboardInterrupt):
+                self.err.write("\n")
+                return
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return
+                continue
+            try:
+                self.turn(line)
+            except KeyboardInterrupt:  # outside generation (e.g. during prefill): drop the turn
+                self.messages = self.messages[:-1]
+                self.err.write("\n[interrupted]\n")
+            except LilyError as e:  # e.g. the conversation outgrew the context
+                self.messages = self.messages[:-1]
+                self.err.write(f"[error: {e}]\n")
+
+    def command(self, line: str) -> bool:
+        """Runs a /command; False to leave."""
+        name, _, rest = line.partition(" ")
+        if name in ("/exit", "/quit"):
+            return False
+        if name == "/reset":
+            self.messages = []
+            self.err.write("[conversation reset]\n")
+        elif name == "/system":
+            self.system, self.messages = rest.strip() or None, []
+            self.err.write(f"[system prompt {'set' if self.system else 'removed'}; conversation reset]\n")
+        else:
+            self.err.write(HELP + "\n")
+        return True
+
+    def turn(self, user_text: str) -> None:
+        self.messages.append({"role": "user", "content": user_text})
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        text = self.model.apply_chat_template(system + self.messages, enable_thinking=self.args.think)
+        ids = self.model.encode(text)
+        t0 = time.perf_counter()
+        cached = self.cache.prefill(self.session, ids, reply_start(self.model, ids))
+        prefill_seconds = time.perf_counter() - t0
+        options = _sampling(self.args)
+        run = self.session.generate(None, stream=True, **options)
+        parser = AssistantStream(in_reasoning=prompt_opens_reasoning(text))
+        self._reasoning_shown = False
+        content = []
+        try:
+            for piece in run:
+                content.append(self.show(parser.feed(self._without_stop(piece))))
+        except KeyboardInterrupt:
+            run.cancel()
+            for piece in run:  # the tokens already chosen
+                content.append(self.show(parser.feed(self._without_stop(piece))))
+        content.append(self.show(parser.finish()))
+        self.out.write("\n")
+        self.out.flush()
+        result = run.result
+        if result.finish_reason != "cancelled":
+            self.cache.store(self.session)
+        self.messages.append({"role": "assistant", "content": "".join(content)})
+        fed = len(ids) - cached
+        self.err.write(
+            f"[prefill {fed} new + {cached} cached tokens"
+            f"{f' at {fed / prefill_seconds:,.0f} tok/s' if fed and prefill_seconds > 0 else ''}"
+            f" | decode {len(result.token_ids)} tokens at {result.decode_tokens_per_s:,.1f} tok/s"
+            f" | {result.finish_reason}]\n")
+
+    def _without_stop(self, piece) -> str:
+        if piece.token_ids and piece.token_ids[-1] in self._stop_text:
+            return piece.text.removesuffix(self._stop_text[piece.token_ids[-1]])
+        return piece.text
+
+    def show(self, delta) -> str:
+        """Prints a delta (reasoning dimmed or hidden); returns its content for the history."""
+        if delta.reasoning and not self.args.hide_thinking:
+            self.out.write(f"{DIM}{delta.reasoning}{RESET}" if self._styled else delta.reasoning)
+            self._reasoning_shown = True
+        if delta.content:
+            if self._reasoning_shown:  # a blank line between thinking and answer
+                self.out.write("\n\n")
+                self._reasoning_shown = False
+            self.out.write(delta.content)
+        self.out.flush()
+        return delta.content

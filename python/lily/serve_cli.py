@@ -1,0 +1,56 @@
+"""`lily serve`: the OpenAI-compatible HTTP server (see docs/server.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .cli import _add_model_args
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("LILY_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $LILY_API_KEY, else none)")
+    p.add_argument("--model-name", default=None, help="name served in /v1/models (default: the directory name)")
+    p.add_argument("--context", type=int, default=None, help="context tokens per request (default: the model's)")
+    p.add_argument("--cache-mb", type=int, default=4096, help="prefix cache budget in MiB (default: 4096; 0: off)")
+    p.add_argument("--max-queue", type=int, default=32, help="requests that may wait; more get 503 (default: 32)")
+    p.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="upper bound on tokens generated per request (default: the context)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .server import ServerConfig, create_app
+    except ModuleNotFoundError as e:
+        print(f"lily serve needs the serve extra ({e.name} is missing): pip install 'lily[serve]'", file=sys.stderr)
+        return 2
+    from .model import Model
+
+    for flag, value in (("--port", args.port), ("--max-queue", args.max_queue)):
+        if value < 0:
+            print(f"lily serve: {flag} must be >= 0", file=sys.stderr)
+            return 2
+    model = Model.load(args.model, device=args.device)
+    config = ServerConfig(model_name=args.model_name, aliases=(args.model,), api_key=args.api_key,
+                          context=args.context, cache_bytes=max(args.cache_mb, 0) << 20,
+                          max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit)
+    app = create_app(model, config)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     lily: %(message)s"))
+    server_log = logging.getLogger("lily.server")
+    server_log.addHandler(handler)
+    server_log.setLevel(args.log_level.upper())
+    print(f"lily serve: {model.path} on {model.device}, http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

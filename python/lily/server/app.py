@@ -1,0 +1,145 @@
+"""The FastAPI application: OpenAI-compatible routes over one model and one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from .._lily import LilyError
+from . import errors
+from .errors import APIError, bad_request
+from .prompts import Defaults, chat_plan, completion_plan
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import ChatReply, CompletionReply
+from .worker import Job, Outcome, Worker
+
+
+@dataclass
+class ServerConfig:
+    model_name: str | None = None  # served name (default: the checkpoint directory's name)
+    aliases: tuple[str, ...] = ()  # other names accepted in requests (e.g. the path given to -m)
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    context: int | None = None  # session context in tokens (default: the model's)
+    cache_bytes: int = 4 << 30  # prefix cache budget
+    max_queue: int = 32  # requests that may wait; more get 503
+    max_tokens_limit: int | None = None  # upper bound on generated tokens per request
+
+
+def create_app(model, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    name = config.model_name or model.path.name
+    names = {name, *config.aliases}
+    context = min(config.context or model.max_context, model.max_context)
+    limit = config.max_tokens_limit or context
+    defaults = Defaults.from_checkpoint(model.path)
+    worker = Worker(model, context=context, cache_bytes=config.cache_bytes, max_queue=config.max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await run_in_threadpool(worker.close)
+
+    app = FastAPI(title="lily", summary="OpenAI-compatible API for one local Qwen3.5/3.6 model",
+                  version=__import__("lily").__version__, lifespan=lifespan)
+    app.state.worker = worker
+    errors.install(app)
+    auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []
+
+    def check_model(requested: str) -> None:
+        if requested not in names:
+            raise APIError(404, f"model {requested!r} is not served here; this server has {name!r}",
+                           param="model", code="model_not_found")
+
+    def model_card() -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "lily", "max_model_len": context}
+
+    @app.get("/health", summary="liveness, queue and cache counters")
+    async def health():
+        return {"status": "ok", "model": name, "device": model.device, "context": context, **worker.status()}
+
+    @app.get("/v1/models", dependencies=auth, responses=errors.error_schema())
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=auth, responses=errors.error_schema())
+    async def get_model(model_id: str):
+        check_model(model_id)
+        return model_card()
+
+    async def respond(request: Request, plan, reply, stream: bool):
+        worker.admit()
+        job = Job(plan.ids, plan.options, plan.checkpoints)
+        if stream:
+            return StreamingResponse(reply.stream(worker.generate(job)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        result = await _unless_disconnected(request, _collect(worker.generate(job)))
+        if result is None:  # the client left; its job is cancelled
+            return Response(status_code=499)
+        return reply.message(*result)
+
+    @app.post("/v1/chat/completions", dependencies=auth, responses=errors.error_schema())
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(body.model)
+        plan = await run_in_threadpool(chat_plan, model, body, context=context, max_tokens_limit=limit,
+                                       defaults=defaults)
+        return await respond(request, plan, ChatReply(name, plan), body.stream)
+
+    @app.post("/v1/completions", dependencies=auth, responses=errors.error_schema())
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        plan = await run_in_threadpool(completion_plan, model, body, context=context, max_tokens_limit=limit,
+                                       defaults=defaults)
+        return await respond(request, plan, CompletionReply(name, plan), body.stream)
+
+    generate_schema = app.openapi
+    app.openapi = lambda: errors.drop_422(generate_schema())
+    return app
+
+
+def _api_key_check(key: str):
+    bearer = HTTPBearer(auto_error=False, description="the key given to `lily serve --api-key`")
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
+        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    return check
+
+
+async def _collect(events) -> tuple[list[str], Outcome]:
+    pieces = []
+    try:
+        async with aclosing(events) as events:
+            async for event in events:
+                if isinstance(event, Outcome):
+                    return pieces, event
+                pieces.append(event)
+    except LilyError as e:
+        raise bad_request(str(e)) from e
+    raise RuntimeError("the generation ended without an outcome")
+
+
+async def _unless_disconnected(request: Request, work):
+    """Awaits `work`, cancelling it (and returning None) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,113 @@
+"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with a fitting status."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("lily.server")
+
+_TYPES = {401: "authentication_error", 404: "invalid_request_error", 503: "server_error", 500: "server_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def error_schema() -> dict:
+    """The `responses` entry documenting errors in the OpenAPI schema."""
+    described = {400: "invalid request (param names the field)", 401: "missing or wrong API key",
+                 404: "unknown model", 413: "prompt longer than the context", 503: "queue full"}
+    return {status: {"description": text, "model": ErrorResponse} for status, text in described.items()}
+
+
+def drop_422(schema: dict) -> dict:
+    """FastAPI documents 422 for every body; this server answers 400 instead."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(unused, None)
+    return schema
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "any"}
+
+
+def _param(loc) -> str | None:
+    """('body', 'messages', 0, 'role') -> 'messages[0].role'; stops at a union member's tag
+    (pydantic adds e.g. 'constrained-str' or 'list[TextPart]' to the location)."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[a-z_][a-z0-9_]*", part) and part not in _TYPE_TAGS:
+            out += f".{part}" if out else part
+        else:
+            break
+    return out or None
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One message for the first invalid parameter, listing what each accepted form wanted."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    param = _param(first.get("loc", ()))
+    if param is None:
+        return f"the request body must be a JSON object ({first.get('msg', 'invalid')})", None
+    wants = list(dict.fromkeys(e["msg"] for e in errors if _param(e.get("loc", ())) == param))
+    return f"{param}: {'; or '.join(wants[:4])}", param
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(list(exc.errors()))
+        if param is None and "json" not in request.headers.get("content-type", "json"):
+            message += "; send it with 'Content-Type: application/json'"
+        return bad_request(message, param).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}").response()

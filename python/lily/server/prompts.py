@@ -1,0 +1,156 @@
+"""Requests turned into what the worker runs: prompt token ids, snapshot points, sampling
+options, and how to read the reply (reasoning, tool calls)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .._lily import LilyError
+from ..prefix_cache import reply_start
+from ..tool_calls import prompt_opens_reasoning
+from .errors import APIError, bad_request
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+_SMALLEST_TOP_P = 1e-6  # top_p 0 means "the top token only"; the sampler wants > 0 (in fp32)
+# Template variables a request may not set through chat_template_kwargs.
+_RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template", "self"}
+
+
+@dataclass
+class Plan:
+    ids: list[int]
+    options: dict  # Session.generate keyword arguments
+    checkpoints: list[int] = field(default_factory=list)
+    in_reasoning: bool = False
+    parse_tools: bool = False
+    tools: list[dict] | None = None
+    include_usage: bool = False
+
+
+@dataclass
+class Defaults:
+    """Sampling values used when a request leaves them out (from generation_config.json)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_checkpoint(cls, directory) -> "Defaults":
+        path = directory / "generation_config.json"
+        try:
+            gen = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            gen = {}
+        gen = gen if isinstance(gen, dict) else {}
+        d = cls()
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            if isinstance(gen.get(name), (int, float)) and not isinstance(gen.get(name), bool):
+                setattr(d, name, type(getattr(d, name))(gen[name]))
+        if gen.get("do_sample") is False:
+            d.temperature = 0.0
+        return d
+
+
+def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_limit: int,
+              defaults: Defaults) -> Plan:
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    use_tools = tools is not None and req.tool_choice != "none"
+    kwargs = dict(req.chat_template_kwargs or {})
+    bad = sorted(_RESERVED_TEMPLATE_VARS & kwargs.keys())
+    if bad:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(bad)}", "chat_template_kwargs")
+    enable_thinking = kwargs.pop("enable_thinking", None)
+    if enable_thinking is not None and not isinstance(enable_thinking, bool):
+        raise bad_request("enable_thinking must be true or false", "chat_template_kwargs.enable_thinking")
+    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    try:
+        text = model.apply_chat_template(messages, tools=tools if use_tools else None,
+                                         enable_thinking=enable_thinking, **kwargs)
+    except LilyError as e:
+        raise bad_request(str(e), "messages") from e
+    ids = model.encode(text)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    plan = Plan(ids, _options(req, max_tokens, len(ids), context, max_tokens_limit, defaults),
+                checkpoints=reply_start(model, ids), in_reasoning=prompt_opens_reasoning(text),
+                parse_tools=use_tools, tools=tools)
+    plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return plan
+
+
+def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int,
+                    defaults: Defaults) -> Plan:
+    prompt = req.prompt
+    if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):  # a batch of one
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = model.encode(prompt)
+    else:
+        vocab = int(model.config["vocab_size"])
+        if any(not 0 <= t < vocab for t in prompt):
+            raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
+        ids = list(prompt)
+    plan = Plan(ids, _options(req, req.max_tokens, len(ids), context, max_tokens_limit, defaults))
+    plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return plan
+
+
+def _options(req, max_tokens, n_prompt: int, context: int, max_tokens_limit: int, defaults: Defaults) -> dict:
+    if n_prompt >= context:
+        raise APIError(413, f"the prompt has {n_prompt} tokens; the context holds {context} "
+                       f"(and at least one generated token)",
+                       param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                       code="context_length_exceeded")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    room = context - n_prompt
+    top_k = defaults.top_k if req.top_k is None else max(req.top_k, 0)
+    return dict(
+        max_tokens=min(max_tokens or room, room, max_tokens_limit),
+        temperature=_given_or(req.temperature, defaults.temperature),
+        top_p=max(_given_or(req.top_p, defaults.top_p), _SMALLEST_TOP_P),
+        top_k=top_k,
+        min_p=_given_or(req.min_p, defaults.min_p),
+        repetition_penalty=_given_or(req.repetition_penalty, defaults.repetition_penalty),
+        presence_penalty=_given_or(req.presence_penalty, 0.0),
+        frequency_penalty=_given_or(req.frequency_penalty, 0.0),
+        seed=None if req.seed is None else req.seed % 2**64,
+        stop=stop or None,
+    )
+
+
+def _message(m, index: int) -> dict:
+    """A message as the chat template reads it: text content, tool-call arguments as mappings."""
+    out = {"role": m.role}
+    if isinstance(m.content, list):
+        out["content"] = "".join(p.text for p in m.content)
+    else:
+        out["content"] = m.content or ""
+    if m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_calls:
+        out["tool_calls"] = [_tool_call(c, index, j) for j, c in enumerate(m.tool_calls)]
+    return out
+
+
+def _tool_call(call, index: int, j: int) -> dict:
+    args = call.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            raise bad_request("tool call arguments must be a JSON object",
+                              f"messages[{index}].tool_calls[{j}].function.arguments")
+    return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": args}}
+
+
+def _given_or(value, default):
+    return default if value is None else value

@@ -1,0 +1,111 @@
+"""Request bodies of the OpenAI-compatible API (pydantic models: validation and the OpenAPI schema).
+
+Unknown fields are ignored, as OpenAI clients send fields this server has no use for. Options
+this server does not support are typed to their one supported value, so the schema says so
+and a request asking for more gets a 400 naming the field. Ranges follow OpenAI's; checks
+that need the model (context length, token ids) are made by the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+_MAX_INT32 = 2**31 - 1
+MAX_STOP_STRINGS = 16
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=_MAX_INT32)]], Field(min_length=1)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Body):
+    type: Literal["text"] = Field(description="only 'text' is supported")
+
+
+class _Sampling(_Body):
+    model: str
+    max_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
+    temperature: float | None = Field(None, ge=0, le=2, description="0: greedy")
+    top_p: float | None = Field(None, ge=0, le=1, description="0 keeps only the most likely token")
+    top_k: int | None = Field(None, ge=-1, le=_MAX_INT32, description="0 or -1: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=10)
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_UINT64_MAX)
+    stop: Union[NonEmpty, Annotated[list[NonEmpty], Field(max_length=MAX_STOP_STRINGS)], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    user: str | None = None
+
+
+class TextPart(_Body):
+    type: Literal["text"] = Field(description="only text parts are supported")
+    text: str
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: Union[str, dict[str, Any]] = Field(description="a JSON object, usually as a string")
+
+
+class ToolCallIn(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = Field(None, description="an earlier reply's reasoning")
+
+
+class FunctionDef(_Body):
+    name: NonEmpty
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto"] | None = Field(
+        None, description="'auto' (the default with tools) or 'none'; output is not constrained, so "
+                          "'required' and named functions are not offered")
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra chat template variables, e.g. {'enable_thinking': false}")
+    logprobs: Literal[False] | None = Field(None, description="not supported")
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1, max_length=1)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1, max_length=1)]] = Field(
+        description="text or token ids; one prompt per request")
+    echo: Literal[False] = Field(False, description="not supported")
+    logprobs: None = Field(None, description="not supported")
+    suffix: None = Field(None, description="not supported")
+    best_of: Literal[1] | None = None

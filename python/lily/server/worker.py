@@ -1,0 +1,193 @@
+"""The one generation worker: batch 1, requests served first come first served.
+
+Requests wait on a FIFO lock; the one holding it runs on a dedicated thread (the C++ engine
+releases the GIL), handing text pieces to the event loop. Cancelling a job (its client left)
+stops prefill between chunks and decode at the next token. The lock is released by the
+thread when the job is really over, never by the request that was cancelled, so the next
+job cannot start while the session is still busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator
+
+from ..prefix_cache import PrefixCache
+from .errors import APIError, log
+
+
+@dataclass
+class Job:
+    ids: list[int]
+    options: dict  # Session.generate keyword arguments (sampling, max_tokens, stop)
+    checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _run: object = None
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        run = self._run
+        if run is not None:
+            run.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+@dataclass
+class Outcome:
+    finish_reason: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+@dataclass
+class WorkerStats:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Worker:
+    """Owns the model's working session and the prefix cache; runs one job at a time."""
+
+    def __init__(self, model, *, context: int, cache_bytes: int, max_queue: int):
+        self.model = model
+        self.context = context
+        self.max_queue = max_queue
+        self.session = model.new_session(context)
+        self.cache = PrefixCache.for_model(model, cache_bytes, context)
+        self.stats = WorkerStats()
+        self.waiting = 0
+        self.running: Job | None = None
+        self._lock = asyncio.Lock()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lily-generate")
+        tok = model.tokenizer
+        # The stop token's own text ("<|im_end|>") is not part of the reply.
+        self._eos_text = {i: tok.decode([i]) for i in model.eos_token_ids} if tok else {}
+
+    def admit(self) -> None:
+        """Refuses a new request that would have to wait while the queue is full."""
+        busy = self.running is not None or self.waiting > 0
+        if busy and self.waiting >= self.max_queue:
+            raise APIError(503, f"the server is busy: {self.waiting} requests are waiting; retry later",
+                           code="server_overloaded")
+
+    async def generate(self, job: Job) -> AsyncIterator[str | Outcome]:
+        """Text pieces of the reply, then its Outcome. Leaving the iteration early cancels the job."""
+        loop = asyncio.get_running_loop()
+        self.stats.requests += 1
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:  # the client left while waiting
+            self.stats.cancelled += 1
+            raise
+        finally:
+            self.waiting -= 1
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(event) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                job.cancel()
+
+        self.running = job
+        try:
+            future = loop.run_in_executor(self._thread, self._work, job, emit)
+        except BaseException:
+            self.running = None
+            self._lock.release()
+            raise
+        future.add_done_callback(lambda f: self._job_over(f, job))
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, Outcome):
+                    return
+        finally:
+            job.cancel()  # a no-op once the job is over
+
+    def _job_over(self, future, job: Job) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.stats.failed += 1
+        if self.running is job:
+            self.running = None
+        self._lock.release()
+
+    def _work(self, job: Job, emit) -> None:
+        """Runs on the generation thread: prefill through the cache, decode, snapshot the reply."""
+        try:
+            t0 = time.perf_counter()
+            cached = self.cache.prefill(self.session, job.ids, job.checkpoints, lambda: job.cancelled)
+            prefill_seconds = time.perf_counter() - t0
+            if job.cancelled:
+                self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
+                return
+            run = self.session.generate(None, stream=True, **job.options)
+            job._run = run
+            if job.cancelled:
+                run.cancel()
+            for piece in run:
+                text = piece.text
+                if piece.token_ids and piece.token_ids[-1] in self._eos_text:
+                    text = text.removesuffix(self._eos_text[piece.token_ids[-1]])
+                if text:
+                    emit(text)
+            result = run.result
+            if result.finish_reason != "cancelled":
+                self.cache.store(self.session)  # the reply: the next turn may continue from it
+            self._finish(emit, Outcome(result.finish_reason, len(job.ids), cached, len(result.token_ids),
+                                       prefill_seconds + result.prefill_seconds, result.decode_seconds))
+        except Exception as e:
+            emit(e)
+            raise
+
+    def _finish(self, emit, outcome: Outcome) -> None:
+        fed = outcome.prompt_tokens - outcome.cached_tokens
+        log.info("%d prompt tokens (%d cached) at %.0f tok/s, %d generated at %.1f tok/s: %s",
+                 outcome.prompt_tokens, outcome.cached_tokens, _per_second(fed, outcome.prefill_seconds),
+                 outcome.completion_tokens, _per_second(outcome.completion_tokens - 1, outcome.decode_seconds),
+                 outcome.finish_reason)
+        s = self.stats
+        s.cancelled += outcome.finish_reason == "cancelled"
+        s.completed += outcome.finish_reason != "cancelled"
+        s.prompt_tokens += outcome.prompt_tokens
+        s.cached_tokens += outcome.cached_tokens
+        s.completion_tokens += outcome.completion_tokens
+        emit(outcome)
+
+    def status(self) -> dict:
+        return {
+            "waiting": self.waiting,
+            "running": self.running is not None,
+            "requests": asdict(self.stats),
+            "prefix_cache": {"entries": len(self.cache), "bytes": self.cache.nbytes,
+                             "budget_bytes": self.cache.budget_bytes, **asdict(self.cache.stats)},
+        }
+
+    def close(self) -> None:
+        job = self.running
+        if job is not None:
+            job.cancel()
+        self._thread.shutdown(wait=True)
+
+
+def _per_second(n: int, seconds: float) -> float:
+    return n / seconds if n > 0 and seconds > 0 else 0.0

@@ -1,0 +1,222 @@
+"""The assistant's raw output split into reasoning, content and tool calls.
+
+Qwen3.5/3.6 write (docs MODEL.md §6.2):
+
+    reasoning…</think>
+
+    content…<tool_call>
+    <function=NAME>
+    <parameter=P>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+The generation prompt usually opens the `<think>` block itself, so whether the output starts
+inside reasoning is decided by the prompt. `AssistantStream` takes text piece by piece (as a
+stream decodes it) and hands back what each piece completes; parsing a whole reply is the
+same thing fed in one piece, so streamed and non-streamed answers always agree. Nothing is
+dropped: text that is not a well-formed call stays in the channel where it appeared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as OpenAI's API carries it
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Delta:
+    """What one piece of output completed, by channel."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def extend(self, other: "Delta") -> None:
+        self.reasoning += other.reasoning
+        self.content += other.content
+        self.tool_calls += other.tool_calls
+
+
+def prompt_opens_reasoning(prompt_text: str) -> bool:
+    """True when the prompt leaves a <think> block open, so the reply starts as reasoning."""
+    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+
+
+def parse_tool_call_block(block: str, tools: list[dict] | None = None) -> list[ToolCall]:
+    """The calls inside one `<tool_call>…</tool_call>` block (its inner text).
+
+    Parameter values are JSON-decoded unless the tool's schema says the parameter is a
+    string (then the text is kept as is); a value that is not valid JSON stays a string.
+    """
+    calls = []
+    for fn in _FUNCTION.finditer(block):
+        name = fn.group(1).strip()
+        types = _parameter_types(tools, name)
+        args = {}
+        for p in _PARAMETER.finditer(fn.group(2)):
+            key = p.group(1).strip()
+            args[key] = _convert(_strip_one_newline(p.group(2)), types.get(key))
+        calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
+    return calls
+
+
+def render_tool_call(name: str, arguments: dict) -> str:
+    """The checkpoint's text form of one call (what the model writes; used by tests and docs)."""
+    params = "".join(
+        f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+        for k, v in arguments.items()
+    )
+    return f"{CALL_OPEN}\n<function={name}>\n{params}</function>\n{CALL_CLOSE}"
+
+
+class _Channel:
+    """One output channel with its surrounding whitespace trimmed, piece by piece: leading
+    whitespace is dropped, trailing whitespace is held until more text follows it."""
+
+    def __init__(self):
+        self._started = False
+        self._held = ""
+
+    def write(self, text: str) -> str:
+        if not self._started:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self._started = True
+        text = self._held + text
+        body = text.rstrip()
+        self._held = text[len(body):]
+        return body
+
+
+class AssistantStream:
+    """Splits the assistant's text, fed piece by piece, into reasoning, content and tool calls.
+
+    in_reasoning: the reply starts inside a <think> block (see prompt_opens_reasoning).
+    parse_tools: recognise <tool_call> blocks (when the request offered tools); tools: their
+    OpenAI definitions, used to type parameter values.
+    """
+
+    def __init__(self, *, in_reasoning: bool = False, parse_tools: bool = False, tools: list[dict] | None = None):
+        self._state = "reasoning" if in_reasoning else "content"
+        self._return_to = self._state  # where a tool call block returns to
+        self._parse_tools = parse_tools
+        self._tools = tools
+        self._buf = ""  # text not yet assigned: a possible marker start, or an open call block
+        self._channels = {"reasoning": _Channel(), "content": _Channel()}
+        self.tool_calls: list[ToolCall] = []
+
+    def _markers(self) -> dict[str, str]:
+        """Marker -> the state it leads to, for the current state."""
+        if self._state == "call":
+            return {CALL_CLOSE: self._return_to}
+        markers = {THINK_CLOSE: "content"} if self._state == "reasoning" else {THINK_OPEN: "reasoning"}
+        if self._parse_tools:
+            markers[CALL_OPEN] = "call"
+        return markers
+
+    def feed(self, text: str) -> Delta:
+        out = Delta()
+        self._buf += text
+        while True:
+            markers = self._markers()
+            found = [(self._buf.find(m), m) for m in markers if m in self._buf]
+            if not found:
+                break
+            at, marker = min(found)
+            before, self._buf = self._buf[:at], self._buf[at + len(marker):]
+            if self._state == "call":
+                self._close_call(before, out)
+            else:
+                self._emit(before, out)
+                if markers[marker] == "call":
+                    self._return_to = self._state
+                self._state = markers[marker]
+        if self._state != "call":  # release all but a possible marker start
+            keep = _longest_marker_prefix_at_end(self._buf, markers)
+            self._emit(self._buf[: len(self._buf) - keep], out)
+            self._buf = self._buf[len(self._buf) - keep:]
+        return out
+
+    def finish(self) -> Delta:
+        """Whatever is still held at the end of the output."""
+        out = Delta()
+        if self._state == "call":
+            self._close_call(self._buf, out, closed=False)
+        else:
+            self._emit(self._buf, out)
+        self._buf = ""
+        return out
+
+    def _close_call(self, block: str, out: Delta, closed: bool = True) -> None:
+        # An unterminated block (output cut short) still counts if a function is complete.
+        self._state = self._return_to
+        calls = parse_tool_call_block(block, self._tools)
+        if calls:
+            self.tool_calls += calls
+            out.tool_calls += calls
+        else:  # not a call after all: the text stays where it appeared
+            self._emit(CALL_OPEN + block + (CALL_CLOSE if closed else ""), out)
+
+    def _emit(self, text: str, out: Delta) -> None:
+        setattr(out, self._state, getattr(out, self._state) + self._channels[self._state].write(text))
+
+
+def parse_assistant_output(text: str, *, in_reasoning: bool = False, parse_tools: bool = False,
+                           tools: list[dict] | None = None) -> Delta:
+    """The whole reply at once (the same rules as streaming)."""
+    stream = AssistantStream(in_reasoning=in_reasoning, parse_tools=parse_tools, tools=tools)
+    out = stream.feed(text)
+    out.extend(stream.finish())
+    return out
+
+
+def _longest_marker_prefix_at_end(text: str, markers) -> int:
+    """Length of the longest end of `text` that could be the start of a marker."""
+    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+
+
+def _strip_one_newline(value: str) -> str:
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _parameter_types(tools: list[dict] | None, name: str) -> dict[str, object]:
+    for tool in tools or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            return {k: v.get("type") for k, v in props.items() if isinstance(v, dict)}
+    return {}
+
+
+def _convert(value: str, schema_type) -> object:
+    if schema_type == "string" or (isinstance(schema_type, list) and schema_type == ["string"]):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value

@@ -1,0 +1,410 @@
+// lily._lily.ops: the CPU ops on numpy arrays, for tests and experiments.
+//
+// Arrays are float32 (activations, small float weights), uint32 (quantized codes),
+// uint16 (bf16 bits of scales/biases) or int32 (token and expert ids), C-contiguous.
+// A quantized matrix is passed as a tuple (codes, scales, biases, group_size, bits) with
+// codes [N, K*bits/32] or [E, N, K*bits/32]. Ops with state take it as an argument and
+// return the updated copy; inputs are never written.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/tuple.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "bindings.h"
+#include "cpu/layers.h"
+#include "cpu/ops.h"
+#include "error.h"
+
+namespace nb = nanobind;
+
+namespace lily {
+namespace {
+
+template <typename T>
+using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using Out = nb::ndarray<nb::numpy, T>;
+
+// A fresh zero-filled numpy array and its data pointer.
+template <typename T>
+std::pair<Out<T>, T*> new_array(const std::vector<size_t>& shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  T* data = new T[std::max<size_t>(n, 1)]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return {Out<T>(data, shape.size(), shape.data(), owner), data};
+}
+
+template <typename T>
+std::vector<size_t> shape_of(const In<T>& a) {
+  std::vector<size_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return s;
+}
+
+template <typename T>
+void need(const In<T>& a, const std::vector<int64_t>& shape, const char* op, const char* name) {
+  bool ok = a.ndim() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || static_cast<int64_t>(a.shape(i)) == shape[i];
+  if (ok) return;
+  std::string want, got;
+  for (int64_t s : shape) want += (want.empty() ? "" : ", ") + (s < 0 ? std::string("*") : std::to_string(s));
+  for (size_t s : shape_of(a)) got += (got.empty() ? "" : ", ") + std::to_string(s);
+  fail(op, ": ", name, " has shape [", got, "], expected [", want, "]");
+}
+
+// A quantized matrix (or stack) from (codes, scales, biases, group_size, bits); the
+// arrays stay referenced for the duration of the call.
+struct PyQWeight {
+  In<uint32_t> codes;
+  In<uint16_t> scales, biases;
+  QWeight w;
+
+  PyQWeight(nb::handle t, const char* op, const char* name) {
+    auto tup = nb::cast<nb::tuple>(t);
+    if (tup.size() != 5) fail(op, ": ", name, " must be (codes, scales, biases, group_size, bits)");
+    codes = nb::cast<In<uint32_t>>(tup[0]);
+    scales = nb::cast<In<uint16_t>>(tup[1]);
+    biases = nb::cast<In<uint16_t>>(tup[2]);
+    w.group_size = nb::cast<int>(tup[3]);
+    w.bits = nb::cast<int>(tup[4]);
+    const size_t nd = codes.ndim();
+    if ((nd != 2 && nd != 3) || scales.ndim() != nd || biases.ndim() != nd)
+      fail(op, ": ", name, " codes/scales/biases must all be 2-D or all 3-D");
+    if (w.bits <= 0 || 32 % w.bits != 0) fail(op, ": ", name, " has ", std::to_string(w.bits), " bits");
+    w.experts = nd == 3 ? static_cast<int64_t>(codes.shape(0)) : 1;
+    w.rows = static_cast<int64_t>(codes.shape(nd - 2));
+    w.cols = static_cast<int64_t>(codes.shape(nd - 1)) * 32 / w.bits;
+    for (size_t i = 0; i + 1 < nd; ++i)
+      if (scales.shape(i) != codes.shape(i) || biases.shape(i) != codes.shape(i))
+        fail(op, ": ", name, " scales/biases do not match the codes' leading dims");
+    if (w.group_size <= 0 || static_cast<int64_t>(scales.shape(nd - 1)) * w.group_size != w.cols ||
+        biases.shape(nd - 1) != scales.shape(nd - 1))
+      fail(op, ": ", name, " scales/biases have ", std::to_string(scales.shape(nd - 1)), " groups per row; ",
+           std::to_string(w.cols), " columns at group size ", std::to_string(w.group_size), " need ",
+           std::to_string(w.cols / std::max(1, w.group_size)));
+    w.codes = codes.data();
+    w.scales = scales.data();
+    w.biases = biases.data();
+  }
+};
+
+Dense dense_from(const nb::dict& d, const char* key, const char* op) {
+  if (!d.contains(key)) fail(op, ": weights have no '", key, "'");
+  auto a = nb::cast<In<float>>(d[key]);
+  Dense out;
+  out.values.assign(a.data(), a.data() + a.size());
+  for (size_t s : shape_of(a)) out.shape.push_back(static_cast<int64_t>(s));
+  return out;
+}
+
+PyQWeight qweight_from(const nb::dict& d, const char* key, const char* op) {
+  if (!d.contains(key)) fail(op, ": weights have no '", key, "'");
+  return PyQWeight(d[key], op, key);
+}
+
+// Rows of the leading dims of a [..., dim] array.
+template <typename T>
+int64_t rows_of(const In<T>& a) {
+  return a.ndim() == 0 ? 0 : static_cast<int64_t>(a.size() / a.shape(a.ndim() - 1));
+}
+
+template <typename T>
+void copy_into(const In<T>& a, T* dst) {
+  std::copy(a.data(), a.data() + a.size(), dst);
+}
+
+Out<float> qmatmul(In<float> x, nb::handle weight) {
+  PyQWeight q(weight, "qmatmul", "weight");
+  need(x, {-1, q.w.cols}, "qmatmul", "x");
+  const int64_t T = x.shape(0);
+  auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
+  nb::gil_scoped_release nogil;
+  cpu::qmatmul(x.data(), T, q.w, yp);
+  return y;
+}
+
+Out<float> embedding(In<int32_t> ids, nb::handle table) {
+  PyQWeight q(table, "embedding", "table");
+  need(ids, {-1}, "embedding", "ids");
+  const int64_t T = ids.shape(0);
+  auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.cols)});
+  nb::gil_scoped_release nogil;
+  cpu::embedding(q.w, ids.data(), T, yp);
+  return y;
+}
+
+Out<float> rmsnorm(In<float> x, In<float> w, float eps) {
+  const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
+  need(w, {D}, "rmsnorm", "w");
+  auto [y, yp] = new_array<float>(shape_of(x));
+  nb::gil_scoped_release nogil;
+  cpu::rmsnorm(x.data(), rows_of(x), D, w.data(), eps, yp);
+  return y;
+}
+
+Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps) {
+  const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
+  need(w, {D}, "gated_rmsnorm", "w");
+  if (shape_of(z) != shape_of(x)) fail("gated_rmsnorm: z must have the shape of x");
+  auto [y, yp] = new_array<float>(shape_of(x));
+  nb::gil_scoped_release nogil;
+  cpu::gated_rmsnorm(x.data(), z.data(), rows_of(x), D, w.data(), eps, yp);
+  return y;
+}
+
+Out<float> l2norm(In<float> x, float eps, float scale) {
+  auto [y, yp] = new_array<float>(shape_of(x));
+  copy_into(x, yp);
+  nb::gil_scoped_release nogil;
+  cpu::l2norm(yp, rows_of(x), x.ndim() ? x.shape(x.ndim() - 1) : 0, eps, scale);
+  return y;
+}
+
+Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
+  need(x, {-1, -1, -1}, "rope", "x [T, heads, head_dim]");
+  auto [y, yp] = new_array<float>(shape_of(x));
+  copy_into(x, yp);
+  nb::gil_scoped_release nogil;
+  cpu::rope(yp, x.shape(0), x.shape(1), x.shape(2), rotary_dim, pos0, theta);
+  return y;
+}
+
+std::tuple<Out<float>, Out<float>> causal_conv_silu(In<float> x, In<float> w, In<float> state) {
+  need(x, {-1, -1}, "causal_conv_silu", "x [T, C]");
+  const int64_t T = x.shape(0), C = x.shape(1);
+  need(w, {C, -1}, "causal_conv_silu", "w [C, Kc]");
+  const int64_t Kc = w.shape(1);
+  need(state, {Kc - 1, C}, "causal_conv_silu", "state [Kc-1, C]");
+  auto [y, yp] = new_array<float>(shape_of(x));
+  auto [s, sp] = new_array<float>(shape_of(state));
+  copy_into(state, sp);
+  nb::gil_scoped_release nogil;
+  cpu::causal_conv_silu(x.data(), T, C, w.data(), Kc, sp, yp);
+  return {y, s};
+}
+
+std::tuple<Out<float>, Out<float>> gdn_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
+  need(a, {-1, -1}, "gdn_gates", "a [T, Hv]");
+  const int64_t T = a.shape(0), Hv = a.shape(1);
+  need(b, {T, Hv}, "gdn_gates", "b");
+  need(A_log, {Hv}, "gdn_gates", "A_log");
+  need(dt_bias, {Hv}, "gdn_gates", "dt_bias");
+  auto [g, gp] = new_array<float>(shape_of(a));
+  auto [beta, bp] = new_array<float>(shape_of(a));
+  cpu::gdn_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
+  return {g, beta};
+}
+
+std::tuple<Out<float>, Out<float>> gated_delta_rule(In<float> q, In<float> k, In<float> v, In<float> g,
+                                                    In<float> beta, In<float> state) {
+  need(q, {-1, -1, -1}, "gated_delta_rule", "q [T, Hk, Dk]");
+  const int64_t T = q.shape(0), Hk = q.shape(1), Dk = q.shape(2);
+  need(k, {T, Hk, Dk}, "gated_delta_rule", "k");
+  need(v, {T, -1, -1}, "gated_delta_rule", "v [T, Hv, Dv]");
+  const int64_t Hv = v.shape(1), Dv = v.shape(2);
+  need(g, {T, Hv}, "gated_delta_rule", "g");
+  need(beta, {T, Hv}, "gated_delta_rule", "beta");
+  need(state, {Hv, Dk, Dv}, "gated_delta_rule", "state");
+  auto [o, op] = new_array<float>(shape_of(v));
+  auto [s, sp] = new_array<float>(shape_of(state));
+  copy_into(state, sp);
+  nb::gil_scoped_release nogil;
+  cpu::gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
+  return {o, s};
+}
+
+Out<float> causal_attention(In<float> q, In<float> k, In<float> v, float scale) {
+  need(q, {-1, -1, -1}, "causal_attention", "q [T, Hq, D]");
+  const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
+  need(k, {-1, -1, D}, "causal_attention", "k [L, Hkv, D]");
+  const int64_t L = k.shape(0), Hkv = k.shape(1);
+  need(v, {L, Hkv, D}, "causal_attention", "v");
+  if (L < T) fail("causal_attention: the cache holds ", std::to_string(L), " positions, fewer than T = ",
+                  std::to_string(T));
+  auto [o, op] = new_array<float>(shape_of(q));
+  nb::gil_scoped_release nogil;
+  cpu::causal_attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
+  return o;
+}
+
+std::tuple<Out<int32_t>, Out<float>> route_topk(In<float> logits, int64_t top_k, bool renormalize) {
+  need(logits, {-1, -1}, "route_topk", "logits [T, E]");
+  const int64_t T = logits.shape(0), E = logits.shape(1);
+  const std::vector<size_t> shape{static_cast<size_t>(T), static_cast<size_t>(std::max<int64_t>(top_k, 0))};
+  auto [ids, ip] = new_array<int32_t>(shape);
+  auto [w, wp] = new_array<float>(shape);
+  cpu::route_topk(logits.data(), T, E, top_k, renormalize, ip, wp);
+  return {ids, w};
+}
+
+Out<float> swiglu_mlp(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
+  PyQWeight g(gate, "swiglu_mlp", "gate"), u(up, "swiglu_mlp", "up"), d(down, "swiglu_mlp", "down");
+  need(x, {-1, g.w.cols}, "swiglu_mlp", "x");
+  const int64_t T = x.shape(0);
+  auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(d.w.rows)});
+  nb::gil_scoped_release nogil;
+  std::vector<float> scratch(2 * T * g.w.rows);
+  cpu::swiglu_mlp(x.data(), T, g.w, u.w, d.w, scratch.data(), yp);
+  return y;
+}
+
+Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_topk_prob) {
+  const char* op = "moe_block";
+  PyQWeight router = qweight_from(weights, "router", op), gate = qweight_from(weights, "gate_proj", op),
+            up = qweight_from(weights, "up_proj", op), down = qweight_from(weights, "down_proj", op),
+            s_gate = qweight_from(weights, "shared_gate_proj", op), s_up = qweight_from(weights, "shared_up_proj", op),
+            s_down = qweight_from(weights, "shared_down_proj", op),
+            s_expert_gate = qweight_from(weights, "shared_expert_gate", op);
+  MoeWeights w{router.w, gate.w, up.w, down.w, s_gate.w, s_up.w, s_down.w, s_expert_gate.w};
+  ModelConfig c;
+  c.hidden_size = router.w.cols;
+  c.num_experts = router.w.rows;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = gate.w.rows;
+  c.shared_expert_intermediate_size = s_gate.w.rows;
+  c.norm_topk_prob = norm_topk_prob;
+  need(x, {-1, c.hidden_size}, op, "x");
+  const int64_t T = x.shape(0);
+  auto [y, yp] = new_array<float>(shape_of(x));
+  nb::gil_scoped_release nogil;
+  cpu::MoeBuffers buf;
+  cpu::moe_block(w, c, x.data(), T, buf, yp);
+  return y;
+}
+
+std::tuple<Out<float>, Out<float>, Out<float>> gdn_mixer(In<float> x, nb::dict weights, In<float> conv_state,
+                                                         In<float> recurrent_state, int64_t num_key_heads,
+                                                         int64_t num_value_heads, int64_t key_head_dim,
+                                                         int64_t value_head_dim, float eps) {
+  const char* op = "gdn_mixer";
+  PyQWeight qkv = qweight_from(weights, "in_proj_qkv", op), z = qweight_from(weights, "in_proj_z", op),
+            b = qweight_from(weights, "in_proj_b", op), a = qweight_from(weights, "in_proj_a", op),
+            out_proj = qweight_from(weights, "out_proj", op);
+  GdnWeights w;
+  w.in_proj_qkv = qkv.w;
+  w.in_proj_z = z.w;
+  w.in_proj_b = b.w;
+  w.in_proj_a = a.w;
+  w.out_proj = out_proj.w;
+  w.conv1d = dense_from(weights, "conv1d", op);
+  w.dt_bias = dense_from(weights, "dt_bias", op);
+  w.A_log = dense_from(weights, "A_log", op);
+  w.norm = dense_from(weights, "norm", op);
+  ModelConfig c;
+  c.hidden_size = qkv.w.cols;
+  c.linear_num_key_heads = num_key_heads;
+  c.linear_num_value_heads = num_value_heads;
+  c.linear_key_head_dim = key_head_dim;
+  c.linear_value_head_dim = value_head_dim;
+  c.rms_norm_eps = eps;
+  if (w.conv1d.shape.size() != 2 || w.conv1d.shape[0] != c.gdn_conv_dim())
+    fail(op, ": conv1d must be [conv_dim = ", std::to_string(c.gdn_conv_dim()), ", Kc]");
+  c.linear_conv_kernel_dim = w.conv1d.shape[1];
+  need(x, {-1, c.hidden_size}, op, "x");
+  need(conv_state, {c.linear_conv_kernel_dim - 1, c.gdn_conv_dim()}, op, "conv_state");
+  need(recurrent_state, {num_value_heads, key_head_dim, value_head_dim}, op, "recurrent_state");
+  const int64_t T = x.shape(0);
+  auto [y, yp] = new_array<float>(shape_of(x));
+  auto [cs, csp] = new_array<float>(shape_of(conv_state));
+  auto [rs, rsp] = new_array<float>(shape_of(recurrent_state));
+  cpu::GdnState state;
+  state.conv.assign(conv_state.data(), conv_state.data() + conv_state.size());
+  state.recurrent.assign(recurrent_state.data(), recurrent_state.data() + recurrent_state.size());
+  {
+    nb::gil_scoped_release nogil;
+    cpu::GdnBuffers buf;
+    cpu::gdn_mixer(w, c, x.data(), T, state, buf, yp);
+  }
+  std::copy(state.conv.begin(), state.conv.end(), csp);
+  std::copy(state.recurrent.begin(), state.recurrent.end(), rsp);
+  return {y, cs, rs};
+}
+
+std::tuple<Out<float>, Out<float>, Out<float>> attention_mixer(In<float> x, nb::dict weights, In<float> k_cache,
+                                                               In<float> v_cache, int64_t num_heads,
+                                                               int64_t num_kv_heads, int64_t head_dim,
+                                                               double partial_rotary_factor, double rope_theta,
+                                                               float eps) {
+  const char* op = "attention_mixer";
+  PyQWeight q = qweight_from(weights, "q_proj", op), k = qweight_from(weights, "k_proj", op),
+            v = qweight_from(weights, "v_proj", op), o = qweight_from(weights, "o_proj", op);
+  AttnWeights w;
+  w.q_proj = q.w;
+  w.k_proj = k.w;
+  w.v_proj = v.w;
+  w.o_proj = o.w;
+  w.q_norm = dense_from(weights, "q_norm", op);
+  w.k_norm = dense_from(weights, "k_norm", op);
+  ModelConfig c;
+  c.hidden_size = q.w.cols;
+  c.num_attention_heads = num_heads;
+  c.num_key_value_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.partial_rotary_factor = partial_rotary_factor;
+  c.rope_theta = rope_theta;
+  c.rms_norm_eps = eps;
+  need(x, {-1, c.hidden_size}, op, "x");
+  need(k_cache, {-1, num_kv_heads, head_dim}, op, "k_cache [pos0, Hkv, D]");
+  need(v_cache, {static_cast<int64_t>(k_cache.shape(0)), num_kv_heads, head_dim}, op, "v_cache");
+  const int64_t T = x.shape(0), pos0 = k_cache.shape(0);
+  const std::vector<size_t> cache_shape{static_cast<size_t>(pos0 + T), static_cast<size_t>(num_kv_heads),
+                                        static_cast<size_t>(head_dim)};
+  auto [y, yp] = new_array<float>(shape_of(x));
+  auto [kc, kcp] = new_array<float>(cache_shape);
+  auto [vc, vcp] = new_array<float>(cache_shape);
+  cpu::KvCache cache;
+  cache.k.assign(k_cache.data(), k_cache.data() + k_cache.size());
+  cache.v.assign(v_cache.data(), v_cache.data() + v_cache.size());
+  {
+    nb::gil_scoped_release nogil;
+    cpu::AttnBuffers buf;
+    cpu::attention_mixer(w, c, x.data(), T, pos0, cache, buf, yp);
+  }
+  std::copy(cache.k.begin(), cache.k.end(), kcp);
+  std::copy(cache.v.begin(), cache.v.end(), vcp);
+  return {y, kc, vc};
+}
+
+}  // namespace
+
+void register_ops(nb::module_& m) {
+  nb::module_ ops = m.def_submodule("ops", "lily's CPU ops on numpy arrays (fp32 reference kernels), for tests");
+  ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"),
+          "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits)");
+  ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), "rows ids of the quantized table [V, H]");
+  ops.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("eps"), "x * rsqrt(mean(x^2) + eps) * w");
+  ops.def("gated_rmsnorm", &gated_rmsnorm, nb::arg("x"), nb::arg("z"), nb::arg("w"), nb::arg("eps"),
+          "rmsnorm(x) * w * silu(z)");
+  ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), "x * rsqrt(sum(x^2) + eps) * scale");
+  ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
+          "partial NeoX RoPE of x [T, heads, head_dim] at positions pos0..");
+  ops.def("causal_conv_silu", &causal_conv_silu, nb::arg("x"), nb::arg("w"), nb::arg("state"),
+          "(silu(causal depthwise conv of x [T, C]), new state [Kc-1, C])");
+  ops.def("gdn_gates", &gdn_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
+          "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
+  ops.def("gated_delta_rule", &gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+          nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
+  ops.def("causal_attention", &causal_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+          "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
+  ops.def("route_topk", &route_topk, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
+          "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
+  ops.def("swiglu_mlp", &swiglu_mlp, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+          "down(silu(x gate^T) * (x up^T))");
+  ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
+          "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj, "
+          "shared_up_proj, shared_down_proj, shared_expert_gate");
+  ops.def("gdn_mixer", &gdn_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
+          nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
+          nb::arg("value_head_dim"), nb::arg("eps"),
+          "(out, conv_state, recurrent_state) of one Gated DeltaNet mixer; weights: in_proj_qkv, in_proj_z, "
+          "in_proj_b, in_proj_a, out_proj (quantized), conv1d [conv_dim, Kc], dt_bias, A_log, norm");
+  ops.def("attention_mixer", &attention_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("k_cache"),
+          nb::arg("v_cache"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
+          nb::arg("partial_rotary_factor"), nb::arg("rope_theta"), nb::arg("eps"),
+          "(out, k_cache, v_cache) of one gated attention mixer; weights: q_proj, k_proj, v_proj, o_proj "
+          "(quantized), q_norm, k_norm");
+}
+
+}  // namespace lily

@@ -1,0 +1,124 @@
+// The CPU executor: the whole forward pass in fp32 (MODEL.md §4.2), chunk by chunk.
+//   h = embed(tokens)
+//   per layer: h += mixer(rmsnorm(h, input_norm));  h += moe(rmsnorm(h, post_norm))
+//   logits = lm_head(rmsnorm(h, final_norm))
+// A session holds, per layer, the GDN conv + recurrent state or the attention KV cache
+// (fp32, grown as positions arrive). Everything a chunk computes depends only on the
+// state and the chunk's tokens, so any chunking of a prompt gives the same logits.
+#include "cpu_executor.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "cpu/layers.h"
+#include "cpu/ops.h"
+#include "error.h"
+
+namespace lily {
+namespace {
+
+class CpuSession : public Session {
+ public:
+  struct Layer {
+    cpu::GdnState gdn;  // Gated DeltaNet layers
+    cpu::KvCache kv;    // full-attention layers
+  };
+  std::vector<Layer> layers;
+};
+
+CpuSession& as_cpu(Session& s, const char* op) {
+  auto* cpu = dynamic_cast<CpuSession*>(&s);
+  if (!cpu) fail(op, ": the session was not made by the cpu executor");
+  return *cpu;
+}
+
+const CpuSession& as_cpu(const Session& s, const char* op) { return as_cpu(const_cast<Session&>(s), op); }
+
+class CpuExecutor : public Executor {
+ public:
+  using Executor::Executor;
+
+  std::string device_name() const override { return "cpu"; }
+
+  std::unique_ptr<Session> new_session(int64_t max_context) override {
+    if (max_context <= 0) fail("new_session: max_context must be positive, got ", std::to_string(max_context));
+    const ModelConfig& c = weights_->config;
+    auto s = std::make_unique<CpuSession>();
+    s->max_context = max_context;
+    s->layers.resize(c.num_hidden_layers);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (c.layer_kinds[l] == LayerKind::Linear) s->layers[l].gdn.reset(c);
+    return s;
+  }
+
+  std::unique_ptr<Session> clone(const Session& s) override {
+    return std::make_unique<CpuSession>(as_cpu(s, "clone"));
+  }
+
+  void restore(Session& dst, const Session& src) override {
+    check_restore(dst, src);
+    const int64_t capacity = dst.max_context;
+    as_cpu(dst, "restore") = as_cpu(src, "restore");
+    dst.max_context = capacity;
+  }
+
+ protected:
+  void forward_chunk(Session& session, const int32_t* tokens, int64_t T, float* last_logits,
+                     float* all_logits) override {
+    CpuSession& s = as_cpu(session, "forward");
+    const ModelWeights& w = *weights_;
+    const ModelConfig& c = w.config;
+    const int64_t H = c.hidden_size, V = c.vocab_size, pos0 = s.position();
+    const float eps = c.rms_norm_eps;
+    if (T <= 0) fail("forward: no tokens given");
+
+    std::lock_guard<std::mutex> lock(mu_);  // the buffers are shared by all sessions
+    h_.resize(T * H);
+    x_.resize(T * H);
+    mix_.resize(T * H);
+    float *h = h_.data(), *x = x_.data(), *mix = mix_.data();
+
+    cpu::embedding(w.embed, tokens, T, h);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const LayerWeights& L = w.layers[l];
+      cpu::rmsnorm(h, T, H, L.input_norm.values.data(), eps, x);
+      if (L.kind == LayerKind::Linear)
+        cpu::gdn_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix);
+      else
+        cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
+      add(h, mix, T * H);
+      cpu::rmsnorm(h, T, H, L.post_norm.values.data(), eps, x);
+      cpu::moe_block(L.moe, c, x, T, moe_buf_, mix);
+      add(h, mix, T * H);
+    }
+
+    if (all_logits) {
+      cpu::rmsnorm(h, T, H, w.final_norm.values.data(), eps, x);
+      cpu::qmatmul(x, T, w.lm_head, all_logits);
+      std::copy_n(all_logits + (T - 1) * V, V, last_logits);
+    } else {  // only the last position's logits are needed
+      cpu::rmsnorm(h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x);
+      cpu::qmatmul(x, 1, w.lm_head, last_logits);
+    }
+  }
+
+ private:
+  static void add(float* h, const float* delta, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) h[i] += delta[i];
+  }
+
+  std::mutex mu_;
+  std::vector<float> h_, x_, mix_;  // [T, H]: residual stream, normed input, block output
+  cpu::GdnBuffers gdn_buf_;
+  cpu::AttnBuffers attn_buf_;
+  cpu::MoeBuffers moe_buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<const ModelWeights> weights) {
+  if (!weights) fail("make_cpu_executor: no weights");
+  return std::make_unique<CpuExecutor>(std::move(weights));
+}
+
+}  // namespace lily

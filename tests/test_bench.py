@@ -1,0 +1,203 @@
+"""lily bench: a tiny sweep end to end (outputs well formed; no speed asserted), the
+roofline model against BENCHMARK.md's numbers, the fail-closed checks, random weights,
+and `lily bench consistency`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from lily import _lily, synthetic
+from lily.bench import arm, contract, sweep
+from lily.bench.roofline import H200_DOCUMENTED, Dims
+from lily.bench.runners import Timing
+from lily.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+has = lambda module: importlib.util.find_spec(module) is not None  # noqa: E731
+
+
+def _sweep(tmp_path, *extra) -> dict:
+    rc = main(["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16,32", "--decode-steps", "4",
+               "--out", str(tmp_path), *extra])
+    assert rc == 0
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def test_tiny_sweep_writes_json_markdown_and_png(tmp_path):
+    r = _sweep(tmp_path)
+    assert r["status"] == "complete" and r["refusals"] == []
+    assert r["target"]["weights"] == "random" and "uniform" in r["target"]["note"]
+    assert [(a["engine"], a["length"]) for a in r["arms"]] == [("lily", 16), ("lily", 32)]
+    for a in r["arms"]:
+        assert a["new_tokens"] == 5 and a["decode_steps"] == 4 and a["info"]["weights"] == "random"
+        assert a["prefill_tok_s"] > 0 and a["decode_tok_s"] > 0
+        assert 0 < a["prefill_roofline_pct"] and 0 < a["decode_roofline_pct"]
+        assert len(a["digest"]) == 16 and a["memory"]["peak_bytes"] > 0
+    assert r["ceilings"]["bandwidth"] > 0 and r["ceilings"]["matmul"] > 0
+    assert {row["length"] for row in r["summary"]} == {16, 32}
+    md = (tmp_path / "results.md").read_text()
+    assert "## Prefill" in md and "## Decode" in md and "| 16 |" in md and "| 32 |" in md and "results.png" in md
+    if has("matplotlib"):
+        assert (tmp_path / "results.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has("transformers") or not has("torch"), reason="needs transformers and torch")
+def test_tiny_sweep_with_transformers_peer(tmp_path):
+    rc = main(["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16", "--decode-steps", "2",
+               "--compare", "hf", "--out", str(tmp_path)])
+    assert rc == 0
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(a["engine"] for a in r["arms"]) == ["hf", "lily"]
+    assert r["versions"]["hf"]["transformers"]
+    assert "lily / hf" in (tmp_path / "results.md").read_text()
+
+
+def test_sweep_refuses_bad_options(tmp_path, capsys):
+    assert main(["bench", "--device", "cpu", "--out", str(tmp_path)]) == 2  # neither --synthetic nor -m
+    assert main(["bench", "--synthetic", "tiny", "--compare", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--synthetic", "tiny", "--lengths", "4Q", "--out", str(tmp_path)]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+# ---- roofline --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_quantization_block", [False, True])
+def test_decode_bytes_match_benchmark_md_at_35b(with_quantization_block):
+    config = synthetic.config_35b()
+    if with_quantization_block:  # as an mlx-community checkpoint states it
+        q = {"group_size": 64, "bits": 4, "mode": "affine"}
+        q.update({f"language_model.model.layers.{i}.mlp.{m}": {"group_size": 64, "bits": 8}
+                  for i in range(40) for m in ("gate", "shared_expert_gate")})
+        config = {"model_type": "qwen3_5_moe", "text_config": config, "quantization": q}
+    d = Dims.from_config(config)
+    assert (d.bpw, d.gate_bpw) == (4.5, 8.5)
+    fixed = d.decode_bytes(0)
+    assert fixed["total"] == pytest.approx(1.80e9, rel=0.01)
+    assert fixed["experts_and_router"] == pytest.approx(660e6, rel=0.01)
+    assert fixed["gdn_weights"] == pytest.approx(569e6, rel=0.01)
+    assert fixed["gdn_state"] == pytest.approx(126e6, rel=0.05)
+    assert fixed["attention_weights"] == pytest.approx(153e6, rel=0.01)
+    assert fixed["lm_head"] == pytest.approx(286e6, rel=0.01)
+    assert d.kv_bytes_per_position() == 20 * 1024
+    for context, gb, tok_s in ((4096, 1.88, 2257), (32768, 2.47, 1716), (131072, 4.48, 946)):
+        assert d.decode_bytes(context)["total"] == pytest.approx(gb * 1e9, rel=0.01)
+        assert H200_DOCUMENTED.decode_tok_s(d, context) == pytest.approx(tok_s, rel=0.01)
+
+
+def test_prefill_flops_match_benchmark_md_at_35b():
+    d = Dims.from_config(synthetic.config_35b())
+    assert 2 * d.active_weights() == pytest.approx(4.87e9, rel=0.01)
+    assert H200_DOCUMENTED.prefill_tok_s(d, 4096) == pytest.approx(151e3, rel=0.03)
+    assert H200_DOCUMENTED.prefill_tok_s(d, 131072) == pytest.approx(51e3, rel=0.03)
+
+
+# ---- contract and fail-closed checks ----------------------------------------------------
+
+
+def test_contract_helpers():
+    assert contract.parse_lengths("256, 4K,128k") == [256, 4096, 131072]
+    assert contract.prompt(4, 1000) == [(i * 2654435761) % 2**32 % 1000 for i in range(4)]
+    assert contract.token_digest([1, 2]) != contract.token_digest([1, 3])
+    assert contract.drift([100, 102.9]) < contract.DRIFT_LIMIT <= contract.drift([100, 103])
+    with pytest.raises(ValueError):
+        contract.parse_lengths("0")
+
+
+def _arm(engine, length, round_, tok_s):
+    return {"engine": engine, "length": length, "round": round_, "decode_steps": 64, "prefill_tok_s": tok_s,
+            "decode_tok_s": tok_s / 10, "memory": {"peak_bytes": 1}}
+
+
+def test_round_to_round_drift_of_3_percent_refuses(tmp_path):
+    plan = sweep.Plan(synthetic="tiny", model=None, out=tmp_path, lengths=[256], rounds=2)
+    rows, refusals = sweep.summarize(plan, [_arm("lily", 256, 0, 1000.0), _arm("lily", 256, 1, 1020.0)])
+    assert refusals == [] and rows[0]["prefill_tok_s"] == 1010.0
+    _, refusals = sweep.summarize(plan, [_arm("lily", 256, 0, 1000.0), _arm("lily", 256, 1, 1031.0)])
+    assert len(refusals) == 2 and all("3%" in r for r in refusals)  # prefill and decode
+
+
+class _FlakyRunner:
+    """Generates different tokens on its second run, like a nondeterministic kernel."""
+
+    runs = 0
+
+    def __init__(self, target, device, options):
+        pass
+
+    vocab_size = 64
+
+    def info(self):
+        return {}
+
+    def run(self, prompt, new_tokens):
+        _FlakyRunner.runs += 1
+        return Timing(0.1, 0.2, [_FlakyRunner.runs] * new_tokens)
+
+
+def test_changed_token_digest_refuses_the_arm(monkeypatch, tmp_path):
+    monkeypatch.setattr(arm, "runner_class", lambda name: _FlakyRunner)
+    args = argparse.Namespace(engine="flaky", config=str(tmp_path / "config.json"), model=None, label="", device="cpu",
+                              length=8, new_tokens=3, seed=0, prefill_chunk=512)
+    rec = arm.measure(args)
+    assert "refused" in rec and rec["decode_tok_s"] == pytest.approx(10.0)
+    _, refusals = sweep.summarize(sweep.Plan(synthetic="tiny", model=None, out=tmp_path, lengths=[8],
+                                             peers=[]), [{**rec, "engine": "lily", "round": 0}])
+    assert refusals == [rec["refused"]]
+
+
+# ---- random weights ------------------------------------------------------------------------
+
+
+def _random_engine(tmp_path, seed, **overrides):
+    path = tmp_path / f"config-{seed}.json"
+    path.write_text(json.dumps(synthetic.tiny_config(**overrides)))
+    return _lily.Engine.random(str(path), "cpu", seed, 512)
+
+
+def _logits(engine, n=24):
+    s = engine.new_session(n)
+    return engine.forward(s, contract.benchmark_tokens(n, engine.config["vocab_size"]), True)
+
+
+def test_random_weights_are_deterministic_finite_and_shaped_like_a_checkpoint(tmp_path, tiny_mlx_dir):
+    a, b, c = (_random_engine(tmp_path, s) for s in (7, 7, 8))
+    assert a.source_layout == "random"
+    la, lb, lc = (_logits(e) for e in (a, b, c))
+    assert np.array_equal(la, lb) and not np.array_equal(la, lc)
+    assert np.isfinite(la).all() and 0.3 < la.std(axis=-1).mean() < 3
+    assert len(np.unique(la.argmax(axis=-1))) > 4  # not collapsed onto one token
+    assert a.weight_bytes == _lily.Engine(str(tiny_mlx_dir), "cpu", 512).weight_bytes
+
+
+def test_random_weights_stay_finite_through_40_layers(tmp_path):
+    logits = _logits(_random_engine(tmp_path, 0, num_hidden_layers=40))
+    assert np.isfinite(logits).all() and 0.3 < logits.std(axis=-1).mean() < 3
+
+
+# ---- consistency ----------------------------------------------------------------------------
+
+
+REFERENCES = ["cpu", pytest.param("mlx", marks=pytest.mark.skipif(not has("mlx_lm"), reason="needs mlx-lm")),
+              pytest.param("hf", marks=pytest.mark.skipif(not has("transformers"), reason="needs transformers"))]
+
+
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_consistency_against_reference(reference, tiny_mlx_dir, tmp_path):
+    rc = main(["bench", "consistency", "--reference", reference, "-m", str(tiny_mlx_dir), "--device", "cpu",
+               "--positions", "192", "--out", str(tmp_path)])
+    assert rc == 0
+    r = json.loads((tmp_path / f"consistency-{reference}-vs-cpu.json").read_text())
+    assert r["positions"] == 192 and r["top1_agreement"] >= 0.99
+    assert r["mean_kl"] <= 1e-6 and abs(r["perplexity_ratio"] - 1) < 1e-4
+
+
+def test_consistency_needs_192_positions(tiny_mlx_dir, tmp_path):
+    assert main(["bench", "consistency", "--reference", "cpu", "-m", str(tiny_mlx_dir), "--positions", "100",
+                 "--out", str(tmp_path)]) == 2

@@ -1,0 +1,99 @@
+"""`lily chat`: turns stream through one session, later turns reuse the cached history,
+/reset and /system, thinking shown or hidden."""
+
+from __future__ import annotations
+
+import io
+
+from lily.chat_cli import Chat, run
+from lily.cli import build_parser
+from lily.tool_calls import parse_assistant_output
+
+
+def parse(tiny_mlx_dir, *flags):
+    return build_parser().parse_args(["chat", "-m", str(tiny_mlx_dir), "--device", "cpu", "-n", "12", *flags])
+
+
+def chat_session(tiny_model, tiny_mlx_dir, *flags):
+    out, err = io.StringIO(), io.StringIO()
+    return Chat(tiny_model, parse(tiny_mlx_dir, *flags), out, err), out, err
+
+
+def feed(chat, *lines):
+    it = iter(lines)
+
+    def read_line():
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+
+    chat.loop(read_line)
+
+
+def stats(err) -> list[tuple[int, int]]:
+    """(new, cached) prefill tokens of each turn, from the status lines."""
+    out = []
+    for line in err.getvalue().splitlines():
+        if line.startswith("[prefill "):
+            words = line.split()
+            out.append((int(words[1]), int(words[4])))
+    return out
+
+
+def expected_reply(model, messages, **kwargs):
+    r = model.generate(messages=messages, max_tokens=12, temperature=0, **kwargs)
+    text = r.text
+    for i in model.eos_token_ids:
+        text = text.removesuffix(model.decode([i]))
+    return text
+
+
+def test_chat_is_registered():
+    args = build_parser().parse_args(["chat", "--no-think", "--hide-thinking"])
+    assert args.func is run and args.think is False and args.hide_thinking
+
+
+def test_second_turn_feeds_only_the_new_turn(tiny_model, tiny_mlx_dir):
+    chat, out, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think")
+    feed(chat, "Name a colour.", "Another one?")
+    (new1, cached1), (new2, cached2) = stats(err)
+    first = [{"role": "user", "content": "Name a colour."}]
+    history = tiny_model.encode(tiny_model.apply_chat_template(first, add_generation_prompt=False)
+                                + "<|im_start|>assistant\n")
+    assert cached1 == 0 and new1 == len(tiny_model.prompt_ids(messages=first, enable_thinking=False))
+    assert cached2 == len(history)
+    assert new2 + cached2 == len(tiny_model.prompt_ids(messages=chat.messages[:3], enable_thinking=False))
+    reply = parse_assistant_output(expected_reply(tiny_model, first, enable_thinking=False)).content
+    assert chat.messages[1] == {"role": "assistant", "content": reply}
+    assert out.getvalue().startswith(reply)
+
+
+def test_reset_and_system(tiny_model, tiny_mlx_dir):
+    chat, out, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think")
+    feed(chat, "Hi", "/reset", "Hi", "/system Be brief.", "Hi")
+    (new1, cached1), (new2, cached2), (new3, cached3) = stats(err)
+    assert (new2, cached2) == (0, new1)  # the same first turn again: all from cache
+    assert cached3 == 0 and new3 > new1  # the system prompt comes first: nothing shared
+    assert chat.messages[0] == {"role": "user", "content": "Hi"} and len(chat.messages) == 2
+    assert chat.system == "Be brief."
+    assert "conversation reset" in err.getvalue()
+
+
+def test_thinking_is_shown_or_hidden(tiny_model, tiny_mlx_dir):
+    messages = [{"role": "user", "content": "Why is the sky blue?"}]
+    want = parse_assistant_output(expected_reply(tiny_model, messages), in_reasoning=True)
+    assert want.reasoning, "the greedy reply should start with some thinking"
+    shown, out, _ = chat_session(tiny_model, tiny_mlx_dir)
+    feed(shown, "Why is the sky blue?")
+    assert out.getvalue().startswith(want.reasoning)
+    hidden, out, _ = chat_session(tiny_model, tiny_mlx_dir, "--hide-thinking")
+    feed(hidden, "Why is the sky blue?")
+    assert want.reasoning not in out.getvalue()
+    assert hidden.messages[-1]["content"] == want.content  # the history keeps the answer only
+
+
+def test_unknown_command_prints_help(tiny_model, tiny_mlx_dir):
+    chat, _, err = chat_session(tiny_model, tiny_mlx_dir)
+    feed(chat, "/what", "/exit", "never read")
+    assert "/reset" in err.getvalue() and chat.messages == []

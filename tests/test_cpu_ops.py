@@ -1,0 +1,425 @@
+"""The CPU ops (lily._lily.ops) against the plain numpy references in reference/numpy_ops.py.
+
+Shapes are deliberately awkward (T = 1, 7, 63, 130; GQA 3:1 and 6 query heads; group sizes
+32/64/128 at 4 and 8 bits). Outputs are compared by relative error ||lily - ref|| / ||ref||
+against a float64 reference. Chunked calls (state carried between them) must equal one-shot
+calls exactly: every op computes each output from the same values in the same order
+whatever the chunking.
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+
+from lily._lily import ops
+from reference import numpy_ops as ref
+
+TOKENS = [1, 7, 63, 130]
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.all(np.isfinite(got)), "non-finite output"
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+# ---- quantized matmul and embedding -------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("group_size,bits", [(32, 4), (64, 4), (128, 4), (64, 8), (128, 8), (64, 2)])
+def test_qmatmul(rng, T, group_size, bits):
+    w = ref.random_qweight(rng, 37, 256, group_size=group_size, bits=bits)
+    x = randn(rng, T, 256)
+    assert rel_err(ops.qmatmul(x, w), ref.qmatmul(x, w)) < 2e-6
+
+
+def test_qmatmul_large(rng):
+    w = ref.random_qweight(rng, 301, 2048)
+    x = randn(rng, 45, 2048)
+    assert rel_err(ops.qmatmul(x, w), ref.qmatmul(x, w)) < 2e-6
+
+
+def test_qmatmul_rows_do_not_depend_on_the_batch(rng):
+    w = ref.random_qweight(rng, 70, 512)
+    x = randn(rng, 130, 512)
+    full = ops.qmatmul(x, w)
+    parts = np.concatenate([ops.qmatmul(x[a:b], w) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]])
+    np.testing.assert_array_equal(full, parts)
+
+
+def test_qmatmul_dequantizes_exactly(rng):
+    # With one-hot inputs the outputs are the weights themselves: scale * q + bias.
+    w = ref.random_qweight(rng, 9, 128, group_size=32, bits=4)
+    np.testing.assert_array_equal(ops.qmatmul(np.eye(128, dtype=np.float32), w), ref.dequantize(w).T)
+
+
+def test_qmatmul_errors_name_the_op(rng):
+    w = ref.random_qweight(rng, 8, 128)
+    with pytest.raises(Exception, match="qmatmul"):
+        ops.qmatmul(randn(rng, 3, 64), w)
+    codes, scales, biases, gs, _ = w
+    with pytest.raises(Exception, match="qmatmul"):
+        ops.qmatmul(randn(rng, 3, 128), (codes, scales, biases, gs, 3))
+    with pytest.raises(Exception, match="qmatmul"):
+        ops.qmatmul(randn(rng, 3, 128), (codes, scales[:, :1], biases[:, :1], gs, 4))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_embedding(rng, T):
+    table = ref.random_qweight(rng, 500, 192, group_size=64)
+    ids = rng.integers(0, 500, size=T).astype(np.int32)
+    np.testing.assert_array_equal(ops.embedding(ids, table), ref.embedding(ids, table))
+
+
+def test_embedding_refuses_bad_ids(rng):
+    table = ref.random_qweight(rng, 50, 64)
+    for bad in (-1, 50):
+        with pytest.raises(Exception, match="embedding.*token id"):
+            ops.embedding(np.array([0, bad], np.int32), table)
+
+
+# ---- norms and RoPE --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 2048), (130, 256), (5, 3, 128)])
+def test_rmsnorm(rng, shape):
+    x, w = randn(rng, *shape, scale=3.0), randn(rng, shape[-1]) + 1
+    assert rel_err(ops.rmsnorm(x, w, 1e-6), ref.rmsnorm(x, w, 1e-6)) < 1e-6
+
+
+def test_rmsnorm_tiny_input_uses_eps(rng):
+    x, w = randn(rng, 4, 128, scale=1e-5), np.ones(128, np.float32)
+    assert rel_err(ops.rmsnorm(x, w, 1e-6), ref.rmsnorm(x, w, 1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_gated_rmsnorm(rng, T):
+    x, z, w = randn(rng, T, 6, 128), randn(rng, T, 6, 128, scale=2.0), randn(rng, 128) * 0.1 + 1
+    assert rel_err(ops.gated_rmsnorm(x, z, w, 1e-6), ref.gated_rmsnorm(x, z, w, 1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_l2norm(rng, T):
+    x = randn(rng, T, 3, 128)
+    assert rel_err(ops.l2norm(x, 1e-6, 128**-0.5), ref.l2norm(x, 1e-6, 128**-0.5)) < 1e-6
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("heads,head_dim,rotary_dim", [(3, 64, 16), (6, 256, 64), (2, 32, 32)])
+@pytest.mark.parametrize("pos0", [0, 1000, 100_000])
+def test_rope(rng, T, heads, head_dim, rotary_dim, pos0):
+    x = randn(rng, T, heads, head_dim)
+    got = ops.rope(x, rotary_dim, pos0, 1e7)
+    assert rel_err(got, ref.rope(x, rotary_dim, pos0, 1e7)) < 1e-6
+    np.testing.assert_array_equal(got[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def test_rope_chunked_equals_one_shot(rng):
+    x = randn(rng, 130, 3, 64)
+    full = ops.rope(x, 16, 5, 1e4)
+    parts = np.concatenate([ops.rope(x[a:b], 16, 5 + a, 1e4) for a, b in [(0, 1), (1, 64), (64, 130)]])
+    np.testing.assert_array_equal(full, parts)
+
+
+def test_rope_refuses_odd_rotary_dim(rng):
+    with pytest.raises(Exception, match="rope"):
+        ops.rope(randn(rng, 2, 2, 64), 15, 0, 1e4)
+
+
+# ---- Gated DeltaNet pieces ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 63, 130])
+@pytest.mark.parametrize("Kc", [4, 2])
+def test_causal_conv_silu(rng, T, Kc):
+    C = 40
+    x, w, state = randn(rng, T, C), randn(rng, C, Kc, scale=0.5), randn(rng, Kc - 1, C)
+    y, new_state = ops.causal_conv_silu(x, w, state)
+    y_ref, state_ref = ref.causal_conv_silu(x, w, state)
+    assert rel_err(y, y_ref) < 1e-6
+    np.testing.assert_array_equal(new_state, state_ref)
+
+
+def test_causal_conv_chunked_equals_one_shot(rng):
+    C, Kc, T = 24, 4, 130
+    x, w = randn(rng, T, C), randn(rng, C, Kc)
+    state = np.zeros((Kc - 1, C), np.float32)
+    full, full_state = ops.causal_conv_silu(x, w, state)
+    parts = []
+    for a, b in [(0, 1), (1, 3), (3, 10), (10, 11), (11, 130)]:  # chunks shorter than the state too
+        y, state = ops.causal_conv_silu(x[a:b], w, state)
+        parts.append(y)
+    np.testing.assert_array_equal(np.concatenate(parts), full)
+    np.testing.assert_array_equal(state, full_state)
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_gdn_gates(rng, T):
+    a, b = randn(rng, T, 6, scale=3.0), randn(rng, T, 6, scale=3.0)
+    A_log, dt_bias = randn(rng, 6), randn(rng, 6)
+    a[0, 0] = 40.0  # softplus far into its linear range
+    g, beta = ops.gdn_gates(a, b, A_log, dt_bias)
+    g_ref, beta_ref = ref.gdn_gates(a, b, A_log, dt_bias)
+    assert rel_err(g, g_ref) < 1e-6 and rel_err(beta, beta_ref) < 1e-6
+
+
+def gdn_inputs(rng, T, Hk, Hv, Dk, Dv):
+    """Inputs shaped like the model's: l2-normalised q (scaled) and k, gates from gdn_gates."""
+    q = ref.l2norm(randn(rng, T, Hk, Dk), 1e-6, Dk**-0.5)
+    k = ref.l2norm(randn(rng, T, Hk, Dk), 1e-6, 1.0)
+    v = randn(rng, T, Hv, Dv)
+    g, beta = ref.gdn_gates(randn(rng, T, Hv, scale=2.0), randn(rng, T, Hv, scale=2.0), randn(rng, Hv) * 0.5,
+                            randn(rng, Hv))
+    state = randn(rng, Hv, Dk, Dv, scale=0.1)
+    return q, k, v, g, beta, state
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(1, 1, 16, 32), (2, 4, 32, 16), (3, 6, 128, 128)])
+def test_gated_delta_rule(rng, T, Hk, Hv, Dk, Dv):
+    args = gdn_inputs(rng, T, Hk, Hv, Dk, Dv)
+    o, state = ops.gated_delta_rule(*args)
+    o_ref, state_ref = ref.gated_delta_rule(*args)
+    assert rel_err(o, o_ref) < 1e-5
+    assert rel_err(state, state_ref) < 1e-5
+
+
+def test_gated_delta_rule_chunked_equals_one_shot(rng):
+    q, k, v, g, beta, state = gdn_inputs(rng, 130, 2, 4, 32, 32)
+    o_full, s_full = ops.gated_delta_rule(q, k, v, g, beta, state)
+    parts = []
+    for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
+        o, state = ops.gated_delta_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state)
+        parts.append(o)
+    np.testing.assert_array_equal(np.concatenate(parts), o_full)
+    np.testing.assert_array_equal(state, s_full)
+
+
+def test_gated_delta_rule_512_decode_steps(rng):
+    """Token-by-token decode over 512 steps stays on the fp32 sequential reference."""
+    T, Hk, Hv, Dk, Dv = 512, 2, 4, 128, 128
+    q, k, v, g, beta, state = gdn_inputs(rng, T, Hk, Hv, Dk, Dv)
+    state[:] = 0
+    outs = []
+    s = state
+    for t in range(T):
+        o, s = ops.gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
+        outs.append(o)
+    o_ref, s_ref = ref.gated_delta_rule(q, k, v, g, beta, state)
+    o = np.concatenate(outs)
+    assert rel_err(o, o_ref) < 1e-5
+    assert rel_err(s, s_ref) < 1e-5
+    # The error does not grow along the sequence: the last 64 tokens are as close as the rest.
+    assert rel_err(o[-64:], o_ref[-64:]) < 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 63, 130])
+def test_reference_chunked_gdn_equals_sequential(rng, T):
+    """MODEL.md §5's chunked form (the prefill path of the GPU executors) against §4.5."""
+    args = gdn_inputs(rng, T, 2, 4, 16, 8)
+    o_seq, s_seq = ref.gated_delta_rule(*args)
+    o_chunk, s_chunk = ref.gated_delta_chunked(*args, chunk=64)
+    assert rel_err(o_chunk, o_seq) < 1e-6 and rel_err(s_chunk, s_seq) < 1e-6
+
+
+def test_gated_delta_rule_refuses_bad_heads(rng):
+    q, k, v, g, beta, state = gdn_inputs(rng, 3, 2, 4, 16, 16)
+    with pytest.raises(Exception, match="gated_delta_rule"):
+        ops.gated_delta_rule(q, k, v[:, :3], g[:, :3], beta[:, :3], state[:3])
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("Hq,Hkv,D", [(3, 1, 64), (6, 2, 32), (6, 6, 48), (16, 2, 256)])
+@pytest.mark.parametrize("pos0", [0, 5, 100])
+def test_causal_attention(rng, T, Hq, Hkv, D, pos0):
+    L = pos0 + T
+    q, k, v = randn(rng, T, Hq, D), randn(rng, L, Hkv, D), randn(rng, L, Hkv, D)
+    got = ops.causal_attention(q, k, v, D**-0.5)
+    assert rel_err(got, ref.causal_attention(q, k, v, D**-0.5)) < 2e-6
+
+
+def test_causal_attention_chunked_equals_one_shot(rng):
+    T, Hq, Hkv, D = 130, 6, 2, 64
+    q, k, v = randn(rng, T, Hq, D), randn(rng, T, Hkv, D), randn(rng, T, Hkv, D)
+    full = ops.causal_attention(q, k, v, 0.125)
+    parts = [ops.causal_attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
+    np.testing.assert_array_equal(np.concatenate(parts), full)
+
+
+def test_causal_attention_large_scores_are_stable(rng):
+    q, k, v = randn(rng, 7, 3, 64, scale=30.0), randn(rng, 7, 1, 64, scale=30.0), randn(rng, 7, 1, 64)
+    assert rel_err(ops.causal_attention(q, k, v, 1.0), ref.causal_attention(q, k, v, 1.0)) < 2e-6
+
+
+# ---- MoE -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_topk(rng, T, renormalize):
+    logits = randn(rng, T, 64, scale=2.0)
+    experts, w = ops.route_topk(logits, 8, renormalize)
+    e_ref, w_ref = ref.route_topk(logits, 8, renormalize)
+    np.testing.assert_array_equal(experts, e_ref)
+    assert rel_err(w, w_ref) < 1e-6
+
+
+def test_route_topk_ties_take_the_lower_expert(rng):
+    logits = np.zeros((2, 16), np.float32)
+    logits[0, [3, 9, 12]] = 1.0
+    experts, w = ops.route_topk(logits, 4, True)
+    np.testing.assert_array_equal(experts[0], [3, 9, 12, 0])
+    np.testing.assert_array_equal(experts[1], [0, 1, 2, 3])
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_swiglu_mlp(rng, T):
+    gate, up = ref.random_qweight(rng, 96, 128), ref.random_qweight(rng, 96, 128)
+    down = ref.random_qweight(rng, 128, 96, group_size=32)
+    x = randn(rng, T, 128)
+    assert rel_err(ops.swiglu_mlp(x, gate, up, down), ref.swiglu_mlp(x, gate, up, down)) < 2e-6
+
+
+def moe_weights(rng, H=128, E=16, I=64, Is=96):
+    return {
+        "router": ref.random_qweight(rng, E, H, bits=8, spread=4.0),
+        "gate_proj": ref.random_qweight(rng, I, H, experts=E),
+        "up_proj": ref.random_qweight(rng, I, H, experts=E),
+        "down_proj": ref.random_qweight(rng, H, I, experts=E),
+        "shared_gate_proj": ref.random_qweight(rng, Is, H),
+        "shared_up_proj": ref.random_qweight(rng, Is, H),
+        "shared_down_proj": ref.random_qweight(rng, H, Is, group_size=32),
+        "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8),
+    }
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_moe_block(rng, T, norm_topk_prob):
+    w = moe_weights(rng)
+    x = randn(rng, T, 128)
+    got = ops.moe_block(x, w, 4, norm_topk_prob)
+    assert rel_err(got, ref.moe_block(x, w, 4, norm_topk_prob)) < 2e-6
+
+
+def test_moe_block_chunked_equals_one_shot(rng):
+    w = moe_weights(rng)
+    x = randn(rng, 130, 128)
+    full = ops.moe_block(x, w, 4, True)
+    parts = [ops.moe_block(x[a:b], w, 4, True) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
+    np.testing.assert_array_equal(np.concatenate(parts), full)
+
+
+def test_moe_block_refuses_mismatched_experts(rng):
+    w = moe_weights(rng)
+    w["down_proj"] = ref.random_qweight(rng, 128, 64, experts=15)
+    with pytest.raises(Exception, match="moe_block.*down_proj"):
+        ops.moe_block(randn(rng, 2, 128), w, 4, True)
+
+
+# ---- whole mixers ----------------------------------------------------------------------------
+
+
+GDN = dict(num_key_heads=2, num_value_heads=6, key_head_dim=32, value_head_dim=16, eps=1e-6)
+
+
+def gdn_weights(rng, H=128, Hk=2, Hv=6, Dk=32, Dv=16, Kc=4):
+    conv_dim = 2 * Hk * Dk + Hv * Dv
+    return {
+        "in_proj_qkv": ref.random_qweight(rng, conv_dim, H),
+        "in_proj_z": ref.random_qweight(rng, Hv * Dv, H),
+        "in_proj_b": ref.random_qweight(rng, Hv, H),
+        "in_proj_a": ref.random_qweight(rng, Hv, H),
+        "out_proj": ref.random_qweight(rng, H, Hv * Dv, group_size=32),
+        "conv1d": randn(rng, conv_dim, Kc, scale=0.5),
+        "dt_bias": randn(rng, Hv),
+        "A_log": randn(rng, Hv) * 0.5,
+        "norm": randn(rng, Dv) * 0.1 + 1,
+    }
+
+
+def gdn_state(rng, conv_dim=224, Kc=4, Hv=6, Dk=32, Dv=16, zero=True):
+    f = np.zeros if zero else (lambda s, dtype: randn(rng, *s, scale=0.1))
+    return f((Kc - 1, conv_dim), dtype=np.float32), f((Hv, Dk, Dv), dtype=np.float32)
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_gdn_mixer(rng, T):
+    w = gdn_weights(rng)
+    x = randn(rng, T, 128)
+    conv, rec = gdn_state(rng, zero=False)
+    got = ops.gdn_mixer(x, w, conv, rec, **GDN)
+    want = ref.gdn_mixer(x, w, conv, rec, **GDN)
+    for g, r in zip(got, want):
+        assert rel_err(g, r) < 1e-5
+
+
+def test_gdn_mixer_chunked_equals_one_shot(rng):
+    w = gdn_weights(rng)
+    x = randn(rng, 130, 128)
+    conv, rec = gdn_state(rng)
+    full = ops.gdn_mixer(x, w, conv, rec, **GDN)
+    parts = []
+    for a, b in [(0, 1), (1, 3), (3, 66), (66, 130)]:
+        y, conv, rec = ops.gdn_mixer(x[a:b], w, conv, rec, **GDN)
+        parts.append(y)
+    np.testing.assert_array_equal(np.concatenate(parts), full[0])
+    np.testing.assert_array_equal(conv, full[1])
+    np.testing.assert_array_equal(rec, full[2])
+
+
+ATTN = dict(num_heads=6, num_kv_heads=2, head_dim=64, partial_rotary_factor=0.25, rope_theta=1e7, eps=1e-6)
+
+
+def attn_weights(rng, H=128, Hq=6, Hkv=2, D=64):
+    return {
+        "q_proj": ref.random_qweight(rng, Hq * 2 * D, H),
+        "k_proj": ref.random_qweight(rng, Hkv * D, H),
+        "v_proj": ref.random_qweight(rng, Hkv * D, H),
+        "o_proj": ref.random_qweight(rng, H, Hq * D),
+        "q_norm": randn(rng, D) * 0.1 + 1,
+        "k_norm": randn(rng, D) * 0.1 + 1,
+    }
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("pos0", [0, 9])
+def test_attention_mixer(rng, T, pos0):
+    w = attn_weights(rng)
+    x = randn(rng, T, 128)
+    k_cache, v_cache = randn(rng, pos0, 2, 64), randn(rng, pos0, 2, 64)
+    got = ops.attention_mixer(x, w, k_cache, v_cache, **ATTN)
+    want = ref.attention_mixer(x, w, k_cache, v_cache, **ATTN)
+    for g, r in zip(got, want):
+        assert rel_err(g, r) < 1e-5
+
+
+def test_attention_mixer_chunked_equals_one_shot(rng):
+    w = attn_weights(rng)
+    x = randn(rng, 130, 128)
+    empty = np.zeros((0, 2, 64), np.float32)
+    full = ops.attention_mixer(x, w, empty, empty, **ATTN)
+    k_cache = v_cache = empty
+    parts = []
+    for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
+        y, k_cache, v_cache = ops.attention_mixer(x[a:b], w, k_cache, v_cache, **ATTN)
+        parts.append(y)
+    np.testing.assert_array_equal(np.concatenate(parts), full[0])
+    np.testing.assert_array_equal(k_cache, full[1])
+    np.testing.assert_array_equal(v_cache, full[2])
