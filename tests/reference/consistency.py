@@ -144,11 +144,10 @@ def odd_config(**extra) -> dict:
 
 
 def lily_tiny_text_ids(model, n: int) -> list[int]:
-    """n token ids of real Python source (the kind of text lily-tiny was trained on)."""
-    import inspect
-    import json as json_module
-
-    ids = model.encode(inspect.getsource(json_module.decoder) + inspect.getsource(json_module.encoder))
+    """n token ids of held-out Python source: standard-library files lily-tiny never saw
+    in training (tests/data/lily_tiny_held_out.txt, written by tools/train_tiny.py)."""
+    text = (Path(__file__).parent.parent / "data" / "lily_tiny_held_out.txt").read_text()
+    ids = model.encode(text)
     assert len(ids) >= n, len(ids)
     return ids[:n]
 
