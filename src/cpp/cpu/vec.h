@@ -1,7 +1,8 @@
-// Small inline vector helpers for the CPU ops, on GCC/Clang vector types: 16 floats
-// (one AVX-512 register, two AVX2 registers) per step, accumulators kept in registers.
-// Plain loops would not vectorise a float sum without -ffast-math, because that reorders
-// the additions; here the order is explicit (16 partial sums, then their total).
+// Small inline vector helpers for the CPU ops, on GCC/Clang vector types one register
+// wide (16 floats with AVX-512, 8 with AVX, 4 with SSE/NEON), accumulators kept in
+// registers. Plain loops would not vectorise a float sum without -ffast-math, because
+// that reorders the additions; here the order is explicit (kLanes partial sums, then
+// their total), so results are reproducible on one machine.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -9,16 +10,22 @@
 
 namespace lily::cpu {
 
-using f32x16 = float __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
+#elif defined(__AVX__)
+constexpr int64_t kLanes = 8;
+#else
+constexpr int64_t kLanes = 4;
+#endif
+using floatv = float __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline f32x16 load16(const float* p) {
-  f32x16 v;
+inline floatv loadv(const float* p) {
+  floatv v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline float sum_lanes(f32x16 v) {
+inline float sum_lanes(floatv v) {
   float s = 0;
   for (int j = 0; j < kLanes; ++j) s += v[j];
   return s;
@@ -26,24 +33,24 @@ inline float sum_lanes(f32x16 v) {
 
 // sum_k a[k] * b[k], any n.
 inline float dot(const float* a, const float* b, int64_t n) {
-  f32x16 acc = {};
+  floatv acc = {};
   int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) acc += load16(a + k) * load16(b + k);
+  for (; k + kLanes <= n; k += kLanes) acc += loadv(a + k) * loadv(b + k);
   float s = sum_lanes(acc);
   for (; k < n; ++k) s += a[k] * b[k];
   return s;
 }
 
 // out[r] = sum_k x[k] * w[r*n + k] for r < 4: four rows share each load of x.
-// n is a multiple of kLanes.
+// n is a multiple of kLanes (at most 16; group sizes are 32+).
 inline void dot4(const float* x, const float* w, int64_t n, float* out) {
-  f32x16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  floatv a0 = {}, a1 = {}, a2 = {}, a3 = {};
   for (int64_t k = 0; k < n; k += kLanes) {
-    const f32x16 xv = load16(x + k);
-    a0 += xv * load16(w + k);
-    a1 += xv * load16(w + n + k);
-    a2 += xv * load16(w + 2 * n + k);
-    a3 += xv * load16(w + 3 * n + k);
+    const floatv xv = loadv(x + k);
+    a0 += xv * loadv(w + k);
+    a1 += xv * loadv(w + n + k);
+    a2 += xv * loadv(w + 2 * n + k);
+    a3 += xv * loadv(w + 3 * n + k);
   }
   out[0] = sum_lanes(a0);
   out[1] = sum_lanes(a1);
