@@ -42,6 +42,10 @@ def mlx_config(config: dict, generation_config: dict | None = None) -> dict:
     ``quantization_config``) and sorts the top-level keys.
     """
     c = dict(config)
+    if c.get("model_type") == "qwen3_5_moe_text":
+        # A text-only source (Qwen3_5MoeForCausalLM): MLX-LM knows the family only as
+        # qwen3_5_moe, which reads a flat config as its text config.
+        c["model_type"] = "qwen3_5_moe"
     if generation_config and generation_config.get("eos_token_id"):
         c["eos_token_id"] = generation_config["eos_token_id"]
     c.pop("_name_or_path", None)

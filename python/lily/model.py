@@ -188,6 +188,13 @@ class Session:
             t.append(self._handle.pending)
         return t
 
+    @property
+    def expert_load(self) -> np.ndarray | None:
+        """Tokens routed to each expert so far, [layers, experts] (int64), or None when the
+        executor does not count (only the CPU executor does)."""
+        load = np.asarray(self._handle.expert_load, dtype=np.int64)
+        return load.reshape(int(self.model.config["num_hidden_layers"]), -1) if load.size else None
+
     def prefill(self, prompt: Prompt = None, *, messages=None, tools=None, enable_thinking=None) -> np.ndarray:
         """Feeds more prompt tokens; returns the logits [vocab] after the last one."""
         ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)

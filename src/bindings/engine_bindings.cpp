@@ -350,6 +350,7 @@ void register_engine(nb::module_& m) {
       .def_prop_ro("max_context", [](const PySession& s) { return s.session->max_context; })
       .def_prop_ro("tokens", [](const PySession& s) { return s.session->tokens; })
       .def_prop_ro("pending", [](const PySession& s) { return s.session->pending; })
+      .def_prop_ro("expert_load", [](const PySession& s) { return s.session->expert_load; })
       .def_prop_ro("generating", [](const PySession& s) { return s.generating.load(); });
 
   nb::class_<TokenStream>(m, "TokenStream")

@@ -23,6 +23,9 @@ class Session {
   std::vector<int32_t> tokens;    // tokens fed so far; position = tokens.size()
   int32_t pending = -1;           // chosen by generate(), not yet fed
   std::vector<float> last_logits; // [V] logits after the last fed token (host copy)
+  // [layers, E] tokens routed to each expert so far, for executors that count (cpu);
+  // empty otherwise.
+  std::vector<int64_t> expert_load;
   int64_t position() const { return static_cast<int64_t>(tokens.size()); }
 };
 

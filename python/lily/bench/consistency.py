@@ -44,6 +44,18 @@ def reference_sequence(model, positions: int, text: str | None) -> np.ndarray:
     return np.resize(np.asarray(ids, dtype=np.int32), positions)
 
 
+def expert_load_summary(load) -> dict | None:
+    """How unevenly the router spread the tokens: per layer, the busiest expert's rows
+    over the mean rows per expert (1.0 is perfectly even). None when not counted."""
+    if load is None:
+        return None
+    load = np.asarray(load, dtype=np.float64)
+    ratio = load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
+    return {"max_over_mean_per_layer": [round(float(r), 3) for r in ratio],
+            "median_max_over_mean": float(np.median(ratio)), "worst_max_over_mean": float(ratio.max()),
+            "idle_experts": int((load == 0).sum()), "rows_per_layer": int(load[0].sum())}
+
+
 def run(model_path: str, reference: str, device: str, positions: int, text_file: str | None, out: Path) -> int:
     from .. import hub
     from ..model import Model
@@ -56,7 +68,9 @@ def run(model_path: str, reference: str, device: str, positions: int, text_file:
     ids = reference_sequence(model, positions, text)
     print(f"lily bench consistency: {positions} positions, lily on {model.device} against {reference}",
           file=sys.stderr)
-    test = model.logits(ids)
+    session = model.new_session(len(ids))
+    test = session.logits(ids)
+    load = expert_load_summary(session.expert_load)
     tested_on = model.device
     del model  # the reference may need the memory
     ref = reference_logits(reference, directory, ids)
@@ -65,10 +79,13 @@ def run(model_path: str, reference: str, device: str, positions: int, text_file:
               "lily_device": tested_on, "sequence": "text file" if text_file else "built-in passage or synthetic",
               "positions": result.positions, "mean_kl": result.mean_kl, "max_kl": result.max_kl,
               "top1_agreement": result.top1, "perplexity_reference": result.ppl_ref,
-              "perplexity_lily": result.ppl_test, "perplexity_ratio": result.ppl_ratio}
+              "perplexity_lily": result.ppl_test, "perplexity_ratio": result.ppl_ratio, "expert_load": load}
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"consistency-{reference}-vs-{tested_on}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"lily ({tested_on}) vs {reference}: {result}")
+    if load:
+        print(f"expert load (rows per expert, max/mean): median layer {load['median_max_over_mean']:.2f}, "
+              f"worst layer {load['worst_max_over_mean']:.2f}, idle experts {load['idle_experts']}")
     print(f"wrote {path}", file=sys.stderr)
     return 0

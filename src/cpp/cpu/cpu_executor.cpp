@@ -46,6 +46,7 @@ class CpuExecutor : public Executor {
     auto s = std::make_unique<CpuSession>();
     s->max_context = max_context;
     s->layers.resize(c.num_hidden_layers);
+    s->expert_load.assign(c.num_hidden_layers * c.num_experts, 0);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
       if (c.layer_kinds[l] == LayerKind::Linear) s->layers[l].gdn.reset(c);
     return s;
@@ -88,7 +89,7 @@ class CpuExecutor : public Executor {
         cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
       add(h, mix, T * H);
       cpu::rmsnorm(h, T, H, L.post_norm.values.data(), eps, x);
-      cpu::moe_block(L.moe, c, x, T, moe_buf_, mix);
+      cpu::moe_block(L.moe, c, x, T, moe_buf_, mix, s.expert_load.data() + l * c.num_experts);
       add(h, mix, T * H);
     }
 

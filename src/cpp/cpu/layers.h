@@ -48,6 +48,8 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
 
 // Sparse MoE with the sigmoid-gated shared expert (§4.6). Tokens are grouped by expert
 // so each routed expert's weights are read once per call.
-void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out);
+// expert_load (optional, [E]) accumulates the tokens routed to each expert.
+void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out,
+               int64_t* expert_load = nullptr);
 
 }  // namespace lily::cpu

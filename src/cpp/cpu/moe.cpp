@@ -23,7 +23,8 @@ void check_matrix(const QWeight& w, int64_t experts, int64_t rows, int64_t cols,
 
 }  // namespace
 
-void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out) {
+void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out,
+               int64_t* expert_load) {
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   check_matrix(w.router, 1, E, H, "router");
@@ -47,6 +48,8 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   // slots_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
   buf.expert_begin.assign(E + 1, 0);
   for (int64_t s = 0; s < T * K; ++s) ++buf.expert_begin[buf.experts[s] + 1];
+  if (expert_load)
+    for (int64_t e = 0; e < E; ++e) expert_load[e] += buf.expert_begin[e + 1];
   for (int64_t e = 0; e < E; ++e) buf.expert_begin[e + 1] += buf.expert_begin[e];
   buf.slots_by_expert.resize(T * K);
   {
