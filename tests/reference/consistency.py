@@ -20,6 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+# The reference engines live in the package (shared with `lily bench consistency`).
+from lily.bench.references import (dequantize_fp32, hf_model_fp32 as hf_model_from_mlx,  # noqa: F401
+                                   hf_model_logits as hf_logits, load_mlx_lm_fp32, mlx_lm_logits)
+
 # ---- thresholds -------------------------------------------------------------------------
 
 # BENCHMARK.md's contract, for any executor against a reference (>= 192 positions).
@@ -174,34 +178,6 @@ def write_mlx_lm_checkpoint(directory, config: dict | None = None, seed: int = 0
     return mlx_lm_convert(hf, directory / "mlx", bits=bits, group_size=group_size)
 
 
-def load_mlx_lm_fp32(mlx_dir):
-    """The MLX-LM model of a checkpoint, with every float parameter (scales, biases,
-    norms, conv, gates) cast to float32 and the packed 4/8-bit codes kept as stored,
-    so MLX-LM computes in float32 on the checkpoint's own quantized values."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-    from mlx_lm.utils import load_model
-
-    config = json.loads((Path(mlx_dir) / "config.json").read_text())
-    # MLX-LM knows the family as qwen3_5_moe; a flat text config (lily convert's output
-    # for a Qwen3_5MoeForCausalLM source) says qwen3_5_moe_text.
-    override = {"model_type": "qwen3_5_moe"} if config.get("model_type") == "qwen3_5_moe_text" else None
-    model, _ = load_model(Path(mlx_dir), model_config=override)
-    model.update(tree_map(lambda p: p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) else p,
-                          model.parameters()))
-    model.eval()
-    return model
-
-
-def mlx_lm_logits(model, token_ids) -> np.ndarray:
-    """Teacher-forced logits [T, vocab] (float32) of MLX-LM over one sequence, no cache."""
-    import mlx.core as mx
-
-    out = model(mx.array(np.asarray(token_ids, dtype=np.int32))[None])
-    mx.eval(out)
-    return np.array(out[0].astype(mx.float32))
-
-
 def quantized_modules(model) -> dict[str, tuple[int, str, str, str]]:
     """{module path: (bits, codes dtype, scales dtype, biases dtype)} of every quantized
     module (QuantizedLinear, QuantizedEmbedding, QuantizedSwitchLinear) of an MLX-LM model."""
@@ -217,111 +193,3 @@ def float_parameter_dtypes(model) -> set[str]:
     from mlx.utils import tree_flatten
 
     return {str(p.dtype) for _, p in tree_flatten(model.parameters()) if mx.issubdtype(p.dtype, mx.floating)}
-
-
-# ---- transformers -------------------------------------------------------------------
-
-# Norms stored with +1 baked in by MLX (HF keeps them zero-centred). linear_attn.norm is plain.
-_SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight",
-                  ".k_norm.weight")
-
-
-def _quant_spec(config: dict, module: str) -> tuple[int, int] | None:
-    q = config.get("quantization")
-    if not q:
-        return None
-    spec = q.get(module)
-    if isinstance(spec, dict):
-        return int(spec.get("group_size", q["group_size"])), int(spec.get("bits", q["bits"]))
-    return int(q["group_size"]), int(q["bits"])
-
-
-def dequantize_fp32(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, group_size: int, bits: int) -> np.ndarray:
-    """MLX affine dequantization in float32, unrounded: w = scales * q + biases per group,
-    q packed from the least significant bits of each uint32 upward (MODEL.md §3.3).
-
-    This is what MLX computes with float32 scales, and what its quantized matmul
-    computes inside the product; lily.quant.dequantize instead rounds w to bf16, the
-    output dtype of mx.dequantize with bf16 scales, which is not what an fp32 engine sees."""
-    per_word = 32 // bits
-    shifts = (np.arange(per_word, dtype=np.uint32) * bits)
-    q = (codes[..., :, None] >> shifts) & np.uint32((1 << bits) - 1)
-    q = q.reshape(*codes.shape[:-1], codes.shape[-1] * per_word).astype(np.float32)
-    q = q.reshape(*q.shape[:-1], -1, group_size)
-    w = q * scales[..., None].astype(np.float32) + biases[..., None].astype(np.float32)
-    return w.reshape(*codes.shape[:-1], -1)
-
-
-def dequantized_hf_state_dict(mlx_dir) -> dict[str, np.ndarray]:
-    """The float32 weights of an MLX affine checkpoint (dequantized exactly, see
-    dequantize_fp32), named and laid out for transformers' Qwen3_5MoeForCausalLM."""
-    mlx_dir = Path(mlx_dir)
-    config = json.loads((mlx_dir / "config.json").read_text())
-    stored = read_checkpoint(mlx_dir)
-    sd: dict[str, np.ndarray] = {}
-    for name, t in stored.items():
-        if name.endswith((".scales", ".biases")):
-            continue
-        module = name[: -len(".weight")] if name.endswith(".weight") else None
-        if module is not None and module + ".scales" in stored:
-            group_size, bits = _quant_spec(config, module)
-            value = dequantize_fp32(t.array(), stored[module + ".scales"].floats(),
-                                    stored[module + ".biases"].floats(), group_size, bits)
-        else:
-            value = t.floats()
-        if name.startswith("language_model.model."):
-            hf = "model." + name[len("language_model.model."):]
-        elif name.startswith("language_model.lm_head."):
-            hf = name[len("language_model."):]
-        else:
-            raise AssertionError(f"unexpected MLX tensor name {name}")
-        if hf.endswith(_SHIFTED_NORMS) or hf == "model.norm.weight":
-            value = value - 1.0  # exact in float32 for bf16 values near 1
-        if hf.endswith("linear_attn.conv1d.weight"):  # MLX [C, K, 1] -> torch [C, 1, K]
-            value = np.ascontiguousarray(np.moveaxis(value, 2, 1))
-        sd[hf] = value
-    # Experts: MLX switch_mlp (split) -> HF fused experts.gate_up_proj / experts.down_proj.
-    for key in [k for k in sd if k.endswith(".mlp.switch_mlp.gate_proj.weight")]:
-        prefix = key[: -len("switch_mlp.gate_proj.weight")]
-        gate = sd.pop(key)
-        up = sd.pop(prefix + "switch_mlp.up_proj.weight")
-        sd[prefix + "experts.gate_up_proj"] = np.concatenate([gate, up], axis=-2)
-        sd[prefix + "experts.down_proj"] = sd.pop(prefix + "switch_mlp.down_proj.weight")
-    text = config.get("text_config", config)
-    if text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)):
-        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-    return sd
-
-
-def hf_model_from_mlx(mlx_dir):
-    """transformers' Qwen3_5MoeForCausalLM in float32 (eager attention) holding the
-    dequantized weights of an MLX checkpoint."""
-    import torch
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-
-    config = json.loads((Path(mlx_dir) / "config.json").read_text())
-    text = dict(config.get("text_config", config))
-    for key in ("quantization", "quantization_config", "model_type", "architectures"):
-        text.pop(key, None)
-    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
-    cfg = Qwen3_5MoeTextConfig(**text)
-    cfg._attn_implementation = "eager"
-    with torch.device("cpu"):
-        model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32)
-    sd = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in
-          dequantized_hf_state_dict(mlx_dir).items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
-    assert not missing and not unexpected, f"HF state dict mismatch: missing {missing}, unexpected {unexpected}"
-    model.eval()
-    return model
-
-
-def hf_logits(model, token_ids) -> np.ndarray:
-    """Teacher-forced logits [T, vocab] (float32) of a transformers model, no cache."""
-    import torch
-
-    with torch.no_grad():
-        ids = torch.tensor(np.asarray(token_ids, dtype=np.int64))[None]
-        out = model(input_ids=ids, use_cache=False).logits[0]
-    return out.float().numpy()

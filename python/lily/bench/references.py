@@ -30,18 +30,34 @@ def _mlx_config(directory: Path) -> dict:
     return config
 
 
-def mlx_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
+def load_mlx_lm_fp32(directory: Path):
+    """MLX-LM's model of an MLX checkpoint with every float parameter (scales, biases,
+    norms, conv, gates) cast to float32 and the packed codes kept as stored."""
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_lm.utils import load_model
 
-    _mlx_config(directory)
-    model, _ = load_model(directory)
+    config = _mlx_config(Path(directory))
+    # MLX-LM knows the family as qwen3_5_moe; a flat text config may say qwen3_5_moe_text.
+    override = {"model_type": "qwen3_5_moe"} if config.get("model_type") == "qwen3_5_moe_text" else None
+    model, _ = load_model(Path(directory), model_config=override)
     model.update(tree_map(lambda p: p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) else p,
                           model.parameters()))
-    out = model(mx.array(token_ids.astype(np.int32))[None])
+    model.eval()
+    return model
+
+
+def mlx_lm_logits(model, token_ids) -> np.ndarray:
+    """Teacher-forced logits [T, vocab] (float32) of an MLX-LM model, no cache."""
+    import mlx.core as mx
+
+    out = model(mx.array(np.asarray(token_ids, dtype=np.int32))[None])
     mx.eval(out)
     return np.array(out[0].astype(mx.float32))
+
+
+def mlx_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
+    return mlx_lm_logits(load_mlx_lm_fp32(directory), token_ids)
 
 
 def _quant_spec(quantization: dict, module: str) -> tuple[int, int]:
@@ -108,10 +124,13 @@ def dequantized_state_dict(directory: Path) -> dict:
     return sd
 
 
-def hf_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
+def hf_model_fp32(directory: Path):
+    """transformers' Qwen3_5MoeForCausalLM in float32 (eager attention) holding the
+    exactly dequantized weights of an MLX checkpoint."""
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+    directory = Path(directory)
     config = _mlx_config(directory)
     text = dict(config.get("text_config", config))
     for key in ("quantization", "quantization_config", "model_type", "architectures"):
@@ -121,9 +140,21 @@ def hf_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
     cfg._attn_implementation = "eager"
     model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
     model.load_state_dict(dequantized_state_dict(directory), strict=True)
+    return model
+
+
+def hf_model_logits(model, token_ids) -> np.ndarray:
+    """Teacher-forced logits [T, vocab] (float32) of a transformers model, no cache."""
+    import torch
+
     with torch.inference_mode():
-        out = model(input_ids=torch.from_numpy(token_ids.astype(np.int64))[None], use_cache=False).logits[0]
+        ids = torch.from_numpy(np.asarray(token_ids, dtype=np.int64))[None]
+        out = model(input_ids=ids, use_cache=False).logits[0]
     return out.float().numpy()
+
+
+def hf_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
+    return hf_model_logits(hf_model_fp32(directory), token_ids)
 
 
 def cpu_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
