@@ -1,0 +1,395 @@
+// The CUDA executor: sessions on the device, prefill token by token through the decode
+// step, and generate() as an on-device loop (see generate() below for the hand-off).
+#include "cuda_executor.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include "decode_step.h"
+#include "error.h"
+
+namespace lily {
+namespace {
+
+using namespace cuda;
+
+// Captured variants of a step, per session (graphs bake in the session's buffers).
+enum class Graph : int {
+  Body,    // feed slot p
+  Logits,  // logits[p] = head(h)
+  Step,    // feed slot p, logits[1-p], choose into slot 1-p
+  Choose,  // choose from logits[p] into slot p
+};
+
+class CudaSession : public Session {
+ public:
+  CudaSession(const ModelConfig& c, int64_t ctx) {
+    max_context = ctx;
+    const size_t kv_bytes = static_cast<size_t>(ctx) * c.attn_kv_dim() * 2;
+    const size_t ring_floats = 4 * static_cast<size_t>(c.gdn_conv_dim());
+    const size_t state_floats = static_cast<size_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+    for (LayerKind k : c.layer_kinds) {
+      if (k == LayerKind::Full) {
+        dev.k_cache.push_back(alloc(kv_bytes, "KV cache", false).as<uint16_t>());
+        dev.v_cache.push_back(alloc(kv_bytes, "KV cache", false).as<uint16_t>());
+      } else {
+        dev.ring.push_back(alloc(ring_floats * 4, "conv state", true).as<float>());
+        for (int p = 0; p < 2; ++p) dev.state[p].push_back(alloc(state_floats * 4, "recurrent state", true).as<float>());
+      }
+    }
+    for (int p = 0; p < 2; ++p) dev.logits[p] = alloc(c.vocab_size * 4, "logits", true).as<float>();
+    dev.pos = alloc(sizeof(int), "position", true).as<int>();
+    kv_row_bytes = static_cast<size_t>(c.attn_kv_dim()) * 2;
+    ring_bytes = ring_floats * 4;
+    state_bytes = state_floats * 4;
+  }
+  ~CudaSession() override {
+    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
+  }
+
+  SessionState dev;
+  int parity = 0;  // state[parity], logits[parity] and token slot parity are current
+  std::map<int, cudaGraphExec_t> graphs;
+  size_t kv_row_bytes = 0, ring_bytes = 0, state_bytes = 0;
+
+ private:
+  const DeviceBuffer& alloc(size_t bytes, const char* what, bool zero) {
+    owned_.emplace_back(bytes, what);
+    if (zero) check(cudaMemset(owned_.back().as<void>(), 0, bytes), what);
+    return owned_.back();
+  }
+  std::deque<DeviceBuffer> owned_;
+};
+
+CudaSession& cs(Session& s) { return static_cast<CudaSession&>(s); }
+const CudaSession& cs(const Session& s) { return static_cast<const CudaSession&>(s); }
+
+void validate(const ModelConfig& c) {
+  if (c.hidden_size % 128 != 0 || c.hidden_size > 12288)
+    fail("CUDA executor: hidden_size ", std::to_string(c.hidden_size), " must be a multiple of 128, <= 12288");
+  if (c.num_full_layers() > 0 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    fail("CUDA executor: head_dim ", std::to_string(c.head_dim), " is not supported (64, 128, 256)");
+  if (c.num_linear_layers() > 0 && (c.linear_key_head_dim % 16 != 0 || c.linear_key_head_dim > 128 ||
+                                    c.linear_value_head_dim % 16 != 0 || c.linear_value_head_dim > 128))
+    fail("CUDA executor: linear head dims must be multiples of 16, <= 128");
+  if (c.num_experts_per_tok > 16) fail("CUDA executor: num_experts_per_tok > 16 is not supported");
+  if (c.layer_kinds.empty()) fail("CUDA executor: the model has no layers");
+}
+
+class CudaExecutor : public Executor {
+ public:
+  CudaExecutor(std::shared_ptr<const ModelWeights> w, int device) : Executor(std::move(w)), device_(device) {
+    validate(weights_->config);
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ")";
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    dw_ = std::make_unique<DeviceWeights>(*weights_);
+    ws_ = std::make_unique<Workspace>(weights_->config);
+    reserve_staging(64);
+  }
+  ~CudaExecutor() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    for (auto& e : events_) cudaEventDestroy(e);
+    if (staging_) cudaFreeHost(staging_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string device_name() const override { return name_; }
+
+  std::unique_ptr<Session> new_session(int64_t max_context) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    return std::make_unique<CudaSession>(weights_->config, max_context);
+  }
+
+  std::unique_ptr<Session> clone(const Session& src) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    auto dst = std::make_unique<CudaSession>(weights_->config, src.max_context);
+    copy_session(*dst, cs(src));
+    return dst;
+  }
+
+  void restore(Session& dst, const Session& src) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    copy_session(cs(dst), cs(src));
+  }
+
+  GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) override;
+
+ protected:
+  void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) override;
+
+ private:
+  cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how);
+  void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
+  void copy_session(CudaSession& dst, const CudaSession& src);
+  void reserve_staging(int64_t n);
+  void upload_ctl(const CudaSession& s, const GenerateRequest& req);
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t events_[2] = {};
+  std::unique_ptr<DeviceWeights> dw_;
+  std::unique_ptr<Workspace> ws_;
+  int32_t* staging_ = nullptr;  // pinned token ids for host-to-device copies
+  int64_t staging_cap_ = 0;
+};
+
+void CudaExecutor::reserve_staging(int64_t n) {
+  if (n <= staging_cap_) return;
+  if (staging_) check(cudaFreeHost(staging_), "cudaFreeHost");
+  staging_ = nullptr;
+  check(cudaMallocHost(reinterpret_cast<void**>(&staging_), n * sizeof(int32_t)), "cudaMallocHost (token staging)");
+  staging_cap_ = n;
+}
+
+cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice how) {
+  const int key = static_cast<int>(kind) * 100 + p * 10 + static_cast<int>(how);
+  if (auto it = s.graphs.find(key); it != s.graphs.end()) return it->second;
+  const ModelConfig& c = weights_->config;
+  cudaGraph_t g = nullptr;
+  check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  try {
+    switch (kind) {
+      case Graph::Body: enqueue_body(c, *dw_, *ws_, s.dev, p, stream_); break;
+      case Graph::Logits: enqueue_head(c, *dw_, *ws_, s.dev, p, true, false, how, stream_); break;
+      case Graph::Step:
+        enqueue_body(c, *dw_, *ws_, s.dev, p, stream_);
+        enqueue_head(c, *dw_, *ws_, s.dev, 1 - p, true, true, how, stream_);
+        break;
+      case Graph::Choose: enqueue_head(c, *dw_, *ws_, s.dev, p, false, true, how, stream_); break;
+    }
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check(err, "cudaGraphInstantiate (decode step)");
+  s.graphs[key] = exec;
+  return exec;
+}
+
+void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n, float* last_logits,
+                                 float* all_logits) {
+  CudaSession& s = cs(base);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  const int64_t V = weights_->config.vocab_size;
+  for (int p = 0; p < 2; ++p) {  // capture before anything is queued
+    graph(s, Graph::Body, p, Choice::Greedy);
+    graph(s, Graph::Logits, p, Choice::Greedy);
+  }
+  reserve_staging(n);
+  std::copy(tokens, tokens + n, staging_);
+  for (int64_t i = 0; i < n; ++i) {
+    check(cudaMemcpyAsync(ws_->tok_slots + s.parity, staging_ + i, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (token)");
+    run(graph(s, Graph::Body, s.parity, Choice::Greedy));
+    s.parity ^= 1;
+    if (all_logits) {
+      run(graph(s, Graph::Logits, s.parity, Choice::Greedy));
+      check(cudaMemcpyAsync(all_logits + i * V, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (logits)");
+    }
+  }
+  if (!all_logits) run(graph(s, Graph::Logits, s.parity, Choice::Greedy));
+  check(cudaMemcpyAsync(last_logits, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (logits)");
+  check(cudaStreamSynchronize(stream_), "forward (decode step kernels)");
+}
+
+void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) {
+  const SamplingParams& p = req.sampling;
+  if (req.stop_ids.size() > static_cast<size_t>(kMaxStopIds))
+    fail("generate: at most ", std::to_string(kMaxStopIds), " stop ids are supported on CUDA");
+  DecodeCtl ctl;
+  ctl.max_tokens = static_cast<int>(std::min<int64_t>(req.max_tokens, 1 << 30));
+  ctl.max_context = static_cast<int>(s.max_context);
+  ctl.n_stop = static_cast<int>(req.stop_ids.size());
+  std::copy(req.stop_ids.begin(), req.stop_ids.end(), ctl.stop_ids);
+  ctl.penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  ctl.top_k = static_cast<int>(std::min<int64_t>(p.top_k, 1 << 30));
+  ctl.vocab_limit = static_cast<int>(std::min<int64_t>(p.vocab_limit, 1 << 30));
+  ctl.temperature = p.temperature;
+  ctl.top_p = p.top_p;
+  ctl.min_p = p.min_p;
+  ctl.repetition = p.repetition_penalty;
+  ctl.presence = p.presence_penalty;
+  ctl.frequency = p.frequency_penalty;
+  ctl.seed = p.seed;
+  check(cudaMemcpyAsync(ws_->ctl, &ctl, sizeof(ctl), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (decode control)");
+  if (ctl.penalties) {
+    const int64_t V = weights_->config.vocab_size;
+    std::vector<unsigned char> seen(V, 0);
+    for (int32_t t : s.tokens) seen[t] = 1;
+    if (s.pending >= 0) seen[s.pending] = 1;  // fed first, so part of the history
+    check(cudaMemcpyAsync(ws_->seen, seen.data(), V, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (seen)");
+    check(cudaMemsetAsync(ws_->counts, 0, V * sizeof(int), stream_), "cudaMemsetAsync (counts)");
+    check(cudaStreamSynchronize(stream_), "generate setup");
+  }
+}
+
+// The decode loop. Step k feeds token k-1 (the first feeds the pending token, or only
+// chooses from the current logits) and writes the token it chooses into a device slot
+// (for step k+1) and into mapped host memory. The host keeps one step queued ahead:
+// while it reads token k, step k+1 already runs. Stop ids, max_tokens and the context
+// limit are also checked on the device, which then halts later steps; a step the host
+// does not accept (cancellation) changes nothing the session keeps, because the
+// recurrent state and logits are double-buffered and the position is rewritten.
+GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req, const TokenCallback& on_token) {
+  CudaSession& s = cs(base);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  GenerateResult r;
+  if (s.pending >= 0 && s.position() + 1 > s.max_context) {
+    r.finish_reason = "length";
+    return r;
+  }
+  if (s.pending < 0 && s.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
+  Sampler validate_params(req.sampling);
+  if (req.max_tokens <= 0) {
+    if (s.pending >= 0) {
+      const int32_t t = s.pending;
+      s.pending = -1;
+      forward(s, &t, 1, nullptr);
+    }
+    r.finish_reason = "length";
+    return r;
+  }
+  const Choice how = choice_for(req.sampling);
+  for (int p = 0; p < 2; ++p) {  // capture before anything is queued
+    graph(s, Graph::Step, p, how);
+    graph(s, Graph::Choose, p, how);
+  }
+  upload_ctl(s, req);
+  const int64_t V = weights_->config.vocab_size;
+  volatile int* host_tok = ws_->host_tokens.host<int>();
+  constexpr int32_t kNone = -1, kPrevious = -2;
+  struct Item { int32_t fed; int slot; };
+  std::deque<Item> inflight;
+  int lp = s.parity;  // parity of the next feeding step
+  auto launch_feed = [&](int32_t fed) {
+    run(graph(s, Graph::Step, lp, how));
+    check(cudaEventRecord(events_[1 - lp], stream_), "cudaEventRecord");
+    inflight.push_back({fed, 1 - lp});
+    lp ^= 1;
+  };
+
+  int64_t fed_after_first = s.position();
+  if (s.pending >= 0) {
+    staging_[0] = s.pending;
+    check(cudaMemcpyAsync(ws_->tok_slots + lp, staging_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (token)");
+    launch_feed(s.pending);
+    ++fed_after_first;
+  } else {
+    run(graph(s, Graph::Choose, lp, how));
+    check(cudaEventRecord(events_[lp], stream_), "cudaEventRecord");
+    inflight.push_back({kNone, lp});
+  }
+  if (req.max_tokens > 1 && fed_after_first + 1 < s.max_context) launch_feed(kPrevious);
+
+  int32_t last = -1;
+  try {
+    for (;;) {
+      const Item it = inflight.front();
+      inflight.pop_front();
+      check(cudaEventSynchronize(events_[it.slot]), "decode step");
+      const int32_t tok = host_tok[it.slot];
+      if (it.fed != kNone) {  // accept the step: its token is now fed
+        s.tokens.push_back(it.fed == kPrevious ? last : it.fed);
+        s.pending = -1;
+        s.parity ^= 1;
+      }
+      last = tok;
+      ++r.n_tokens;
+      const bool keep_going = on_token(tok);
+      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
+        s.pending = tok;
+        r.finish_reason = "stop";
+        break;
+      }
+      if (!keep_going) {
+        s.pending = tok;
+        r.finish_reason = "cancelled";
+        break;
+      }
+      if (r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context) {
+        s.pending = tok;
+        r.finish_reason = "length";
+        break;
+      }
+      if (inflight.empty()) launch_feed(kPrevious);
+      if (r.n_tokens + 1 < req.max_tokens && s.position() + 2 < s.max_context) launch_feed(kPrevious);
+    }
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    const int pos = static_cast<int>(s.position());
+    cudaMemcpy(s.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice);
+    cudaMemset(&ws_->ctl->halt, 0, sizeof(int));
+    throw;
+  }
+  // An unaccepted step may have advanced the device position: rewrite it.
+  check(cudaStreamSynchronize(stream_), "decode loop");
+  staging_[0] = static_cast<int32_t>(s.position());
+  check(cudaMemcpyAsync(s.dev.pos, staging_, sizeof(int), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (position)");
+  check(cudaMemsetAsync(&ws_->ctl->halt, 0, sizeof(int), stream_), "cudaMemsetAsync (halt)");
+  s.last_logits.resize(V);
+  check(cudaMemcpyAsync(s.last_logits.data(), s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (logits)");
+  check(cudaStreamSynchronize(stream_), "decode loop end");
+  return r;
+}
+
+void CudaExecutor::copy_session(CudaSession& dst, const CudaSession& src) {
+  if (src.position() > dst.max_context)
+    fail("restore: the source holds ", std::to_string(src.position()), " positions, more than the destination's ",
+         std::to_string(dst.max_context));
+  if (&dst == &src) return;
+  auto copy = [&](void* d, const void* s, size_t n) {
+    check(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (session copy)");
+  };
+  const size_t kv = static_cast<size_t>(src.position()) * src.kv_row_bytes;
+  for (size_t l = 0; l < src.dev.k_cache.size(); ++l) {
+    copy(dst.dev.k_cache[l], src.dev.k_cache[l], kv);
+    copy(dst.dev.v_cache[l], src.dev.v_cache[l], kv);
+  }
+  for (size_t l = 0; l < src.dev.ring.size(); ++l) {
+    copy(dst.dev.ring[l], src.dev.ring[l], src.ring_bytes);
+    copy(dst.dev.state[src.parity][l], src.dev.state[src.parity][l], src.state_bytes);
+  }
+  copy(dst.dev.logits[src.parity], src.dev.logits[src.parity], weights_->config.vocab_size * 4);
+  copy(dst.dev.pos, src.dev.pos, sizeof(int));
+  check(cudaStreamSynchronize(stream_), "session copy");
+  dst.tokens = src.tokens;
+  dst.pending = src.pending;
+  dst.last_logits = src.last_logits;
+  dst.parity = src.parity;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Executor> make_cuda_executor(std::shared_ptr<const ModelWeights> weights, int device_index) {
+  const int n = cuda_device_count();
+  if (device_index < 0 || device_index >= n)
+    fail("device 'cuda:", std::to_string(device_index), "': ", std::to_string(n), " CUDA device(s) visible");
+  return std::make_unique<CudaExecutor>(std::move(weights), device_index);
+}
+
+}  // namespace lily

@@ -1,0 +1,37 @@
+// State of one generate() call that lives on the device: the stop rules and sampling
+// parameters (written by the host before the loop) and the counters the token-choosing
+// kernels update. A step that finds `halt` set does nothing, so steps queued ahead of
+// the host never change the session once generation has ended.
+#pragma once
+#include <cstdint>
+
+namespace lily::cuda {
+
+constexpr int kMaxStopIds = 64;
+
+struct DecodeCtl {
+  int halt = 0;         // set by the device when a stop rule fires
+  int n_generated = 0;  // tokens chosen so far in this call
+  int max_tokens = 0;
+  int max_context = 0;
+  int n_stop = 0;
+  int penalties = 0;    // any of repetition / presence / frequency active
+  int top_k = 0;
+  int vocab_limit = 0;  // tokens >= vocab_limit are never chosen
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
+  unsigned long long seed = 0;
+  int stop_ids[kMaxStopIds] = {};
+};
+
+// Where a chosen token goes.
+struct TokenSink {
+  DecodeCtl* ctl = nullptr;
+  const int* pos = nullptr;         // tokens fed so far (the session position)
+  int* slot = nullptr;              // device slot the next step embeds
+  volatile int* host = nullptr;     // mapped pinned memory the host polls
+  int* counts = nullptr;            // [V] times generated in this call (penalties)
+  unsigned char* seen = nullptr;    // [V] in the prompt or generated (repetition penalty)
+};
+
+}  // namespace lily::cuda

@@ -1,0 +1,165 @@
+#include "decode_step.h"
+
+#include <algorithm>
+
+#include "attention_decode.h"
+#include "gdn_decode.h"
+#include "gemv.h"
+#include "lm_head.h"
+#include "moe_experts.h"
+#include "moe_router.h"
+#include "sampler.h"
+
+namespace lily::cuda {
+
+template <typename T>
+T* Workspace::alloc(size_t n, const char* what) {
+  owned_.emplace_back(std::max<size_t>(n, 1) * sizeof(T), what);
+  check(cudaMemset(owned_.back().as<void>(), 0, owned_.back().bytes()), what);
+  return owned_.back().as<T>();
+}
+
+Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
+  const size_t H = c.hidden_size, V = c.vocab_size;
+  const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
+  const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
+  h = alloc<float>(H, "workspace h");
+  proj = alloc<float>(std::max(gdn_rows, attn_rows), "workspace projections");
+  mix = alloc<float>(std::max<size_t>(c.gdn_value_dim(), c.attn_q_dim()), "workspace mixer output");
+  router_logits = alloc<float>(c.num_experts + 1, "workspace router logits");
+  ids = alloc<int>(c.num_experts_per_tok, "workspace expert ids");
+  route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
+  shared_gate = alloc<float>(1, "workspace shared gate");
+  router_counter = alloc<unsigned>(1, "workspace router counter");
+  act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
+                     "workspace expert activations");
+  if (c.num_key_value_heads > 0)
+    attn_partial = alloc<float>(
+        attention_partial_floats(c.num_attention_heads, c.num_key_value_heads, c.head_dim, max_splits),
+        "workspace attention splits");
+  head_partial = alloc<float2>(lm_head_max_blocks(), "workspace lm_head partials");
+  head_counter = alloc<unsigned>(1, "workspace lm_head counter");
+  ctl = alloc<DecodeCtl>(1, "workspace decode control");
+  tok_slots = alloc<int>(2, "workspace token slots");
+  counts = alloc<int>(V, "workspace token counts");
+  seen = alloc<unsigned char>(V, "workspace seen tokens");
+}
+
+Choice choice_for(const SamplingParams& p) {
+  if (p.greedy()) return Choice::Greedy;
+  if (p.top_k == 0 && p.top_p >= 1.0f && p.min_p <= 0.0f) return Choice::Gumbel;
+  return Choice::TopK;
+}
+
+void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
+                  cudaStream_t stream) {
+  const int* halt = &ws.ctl->halt;
+  const float eps = c.rms_norm_eps;
+  int full = 0, lin = 0;
+  for (size_t i = 0; i < W.layers.size(); ++i) {
+    const DeviceLayer& L = W.layers[i];
+    XSpec xin;
+    if (i == 0) {
+      xin.mode = XMode::EmbedRmsNorm;
+      xin.embed = W.embed;
+      xin.token = ws.tok_slots + parity;
+      xin.h_out = ws.h;
+    } else {
+      xin.mode = XMode::RmsNorm;
+      xin.x = ws.h;
+    }
+    xin.w = L.input_norm;
+    xin.eps = eps;
+    if (L.kind == LayerKind::Linear) {
+      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
+      GdnArgs g;
+      g.proj = ws.proj;
+      g.conv_w = L.conv_w;
+      g.ring = s.ring[lin];
+      g.dt_bias = L.dt_bias;
+      g.neg_A = L.neg_A;
+      g.state_in = s.state[parity][lin];
+      g.state_out = s.state[1 - parity][lin];
+      g.out = ws.mix;
+      g.pos = s.pos;
+      g.Hk = c.linear_num_key_heads;
+      g.Hv = c.linear_num_value_heads;
+      g.Dk = c.linear_key_head_dim;
+      g.Dv = c.linear_value_head_dim;
+      gdn_decode(g, halt, stream);
+      XSpec xo;
+      xo.mode = XMode::HeadNormGate;
+      xo.x = ws.mix;
+      xo.z = ws.proj + c.gdn_conv_dim();
+      xo.w = L.gdn_norm;
+      xo.head_dim = c.linear_value_head_dim;
+      xo.eps = eps;
+      gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream);
+      ++lin;
+    } else {
+      gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream);
+      AttnArgs a;
+      a.qkv = ws.proj;
+      a.q_norm = L.q_norm;
+      a.k_norm = L.k_norm;
+      a.k_cache = s.k_cache[full];
+      a.v_cache = s.v_cache[full];
+      a.partial = ws.attn_partial;
+      a.out = ws.mix;
+      a.pos = s.pos;
+      a.Hq = c.num_attention_heads;
+      a.Hkv = c.num_key_value_heads;
+      a.D = c.head_dim;
+      a.rot_dim = c.rotary_dim();
+      a.inv_freq = W.rope_inv_freq;
+      a.eps = eps;
+      a.max_splits = ws.max_splits;
+      a.min_chunk = ws.min_chunk;
+      attention_decode(a, halt, stream);
+      XSpec xo;
+      xo.x = ws.mix;
+      gemv(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream);
+      ++full;
+    }
+    XSpec xm;
+    xm.mode = XMode::RmsNorm;
+    xm.x = ws.h;
+    xm.w = L.post_norm;
+    xm.eps = eps;
+    const int k = c.num_experts_per_tok;
+    moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
+               {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
+    moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
+    const bool last = i + 1 == W.layers.size();
+    moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
+  }
+}
+
+void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,
+                  bool compute, bool choose, Choice how, cudaStream_t stream) {
+  const int* halt = &ws.ctl->halt;
+  TokenSink sink;
+  sink.ctl = ws.ctl;
+  sink.pos = s.pos;
+  sink.slot = ws.tok_slots + dst;
+  sink.host = ws.host_tokens.device<int>() + dst;
+  sink.counts = ws.counts;
+  sink.seen = ws.seen;
+  HeadArgs h;
+  h.W = W.lm_head;
+  h.X.mode = XMode::RmsNorm;
+  h.X.x = ws.h;
+  h.X.w = W.final_norm;
+  h.X.eps = c.rms_norm_eps;
+  h.logits = s.logits[dst];
+  h.compute = compute;
+  h.select = !choose || how == Choice::TopK ? HeadSelect::None : how == Choice::Greedy ? HeadSelect::Greedy : HeadSelect::Gumbel;
+  h.ctl = ws.ctl;
+  h.partial = ws.head_partial;
+  h.counter = ws.head_counter;
+  h.sink = sink;
+  if (compute || h.select != HeadSelect::None) lm_head(h, halt, stream);
+  if (choose && how == Choice::TopK) sample_topk(s.logits[dst], c.vocab_size, ws.ctl, sink, halt, stream);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,58 @@
+// One decode step as a sequence of kernel launches on a stream (captured into CUDA
+// graphs by the executor): the body feeds the token in a device slot through every
+// layer; the head computes logits and/or chooses the next token.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "cuda_weights.h"
+#include "decode_ctl.h"
+#include "device_buffer.h"
+#include "sampling.h"
+
+namespace lily::cuda {
+
+// Per-session device state.
+struct SessionState {
+  std::vector<uint16_t*> k_cache, v_cache;  // per full layer: bf16 [ctx][Hkv][D]
+  std::vector<float*> ring;                 // per linear layer: [4][conv_dim]
+  std::vector<float*> state[2];             // per linear layer, double-buffered [Hv*Dk*Dv]
+  float* logits[2] = {nullptr, nullptr};    // [V]; logits[parity] hold the current ones
+  int* pos = nullptr;                       // tokens fed so far
+};
+
+// Scratch of one executor (one forward or generation runs at a time).
+class Workspace {
+ public:
+  explicit Workspace(const ModelConfig& c);
+  float *h = nullptr, *proj = nullptr, *mix = nullptr, *router_logits = nullptr, *route_w = nullptr,
+        *shared_gate = nullptr, *act = nullptr, *attn_partial = nullptr;
+  int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
+  unsigned char* seen = nullptr;
+  unsigned *router_counter = nullptr, *head_counter = nullptr;
+  float2* head_partial = nullptr;
+  DecodeCtl* ctl = nullptr;
+  MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
+  int max_splits = 64, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
+
+ private:
+  std::vector<DeviceBuffer> owned_;
+  template <typename T>
+  T* alloc(size_t n, const char* what);
+};
+
+enum class Choice : int { Greedy, Gumbel, TopK };
+
+Choice choice_for(const SamplingParams& p);
+
+// Feeds the token in slot `parity`: state[parity] -> state[1-parity], pos += 1.
+void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
+                  cudaStream_t stream);
+
+// Head: when `compute`, logits[dst] = lm_head(norm(h)); then, when `choose`, picks a
+// token from logits[dst] into token slot `dst` (and the host's copy of that slot).
+void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,
+                  bool compute, bool choose, Choice how, cudaStream_t stream);
+
+}  // namespace lily::cuda

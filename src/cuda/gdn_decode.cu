@@ -1,0 +1,111 @@
+#include "gdn_decode.h"
+
+#include "device_common.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kMaxDk = 128;
+
+// Thread t of block (h, split) owns value column v = split*C + t/4 and the keys
+// k = 4i + t%4 (i < Dk/4): interleaved so the 4 owners of a column read different banks.
+// Its Dk/4 state values are float4 slots j at ((h*S + split) * Dk*C/4 + j*4C + t) * 4.
+__global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* halt) {
+  const int h = blockIdx.x, split = blockIdx.y, t = threadIdx.x;
+  const int C = a.Dv / kGdnSplit, nk = a.Dk / 4;
+  const int kh = h / (a.Hv / a.Hk);
+  const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv;
+  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32];
+
+  pdl_wait();
+  if (halt && *halt) return;
+  const int pos = *a.pos;
+  const int r0 = (pos + 1) & 3, r1 = (pos + 2) & 3, r2 = (pos + 3) & 3, rc = pos & 3;  // pos-3, pos-2, pos-1, pos
+
+  // Causal conv + SiLU. The q/k channels of a key head are shared by Hv/Hk value heads
+  // and all splits; one block writes their ring row (identical values, no race on reads).
+  auto conv = [&](int ch, bool write) {
+    const float x = a.proj[ch];
+    const float4 w = reinterpret_cast<const float4*>(a.conv_w)[ch];
+    const float y = w.x * a.ring[r0 * conv_dim + ch] + w.y * a.ring[r1 * conv_dim + ch] +
+                    w.z * a.ring[r2 * conv_dim + ch] + w.w * x;
+    if (write) a.ring[rc * conv_dim + ch] = x;
+    return siluf_(y);
+  };
+  const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
+  float sq = 0.0f, sk = 0.0f;
+  for (int i = t; i < a.Dk; i += blockDim.x) {
+    const float q = conv(kh * a.Dk + i, owner), k = conv(a.Hk * a.Dk + kh * a.Dk + i, owner);
+    qs[i] = q;
+    ks[i] = k;
+    sq += q * q;
+    sk += k * k;
+  }
+  for (int j = t; j < C; j += blockDim.x) vs[j] = conv(2 * a.Hk * a.Dk + h * a.Dv + split * C + j, true);
+  sq = block_sum(sq, red);
+  sk = block_sum(sk, red);
+  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
+  const float kscale = rsqrtf(sk + 1e-6f);
+  const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
+  const float araw = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h] + a.dt_bias[h];
+  const float softplus = araw > 20.0f ? araw : log1pf(__expf(araw));
+  const float decay = __expf(a.neg_A[h] * softplus);
+
+  const int col = t >> 2, kq = t & 3;
+  const bool active = col < C;
+  const size_t base = (static_cast<size_t>(h) * kGdnSplit + split) * a.Dk * C / 4;
+  const float4* sin4 = reinterpret_cast<const float4*>(a.state_in) + base;
+  float4* sout4 = reinterpret_cast<float4*>(a.state_out) + base;
+  float s[kMaxDk / 4];
+#pragma unroll
+  for (int j = 0; j < kMaxDk / 16; ++j) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (active && j < nk / 4) v = sin4[j * 4 * C + t];
+    s[4 * j] = v.x;
+    s[4 * j + 1] = v.y;
+    s[4 * j + 2] = v.z;
+    s[4 * j + 3] = v.w;
+  }
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxDk / 4; ++i)
+    if (i < nk) {
+      s[i] *= decay;
+      kv = fmaf(s[i], ks[4 * i + kq] * kscale, kv);
+    }
+  kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+  kv += __shfl_xor_sync(0xffffffffu, kv, 2);
+  const float delta = active ? (vs[col] - kv) * beta : 0.0f;
+  float o = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxDk / 4; ++i)
+    if (i < nk) {
+      s[i] = fmaf(ks[4 * i + kq] * kscale, delta, s[i]);
+      o = fmaf(s[i], qs[4 * i + kq] * qscale, o);
+    }
+  o += __shfl_xor_sync(0xffffffffu, o, 1);
+  o += __shfl_xor_sync(0xffffffffu, o, 2);
+  if (active && kq == 0) a.out[h * a.Dv + split * C + col] = o;
+#pragma unroll
+  for (int j = 0; j < kMaxDk / 16; ++j)
+    if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+  pdl_trigger();
+}
+
+}  // namespace
+
+void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream) {
+  if (a.Dk > kMaxDk || a.Dk % 16 != 0) fail("gdn_decode: key head dim must be a multiple of 16, <= 128");
+  if (a.Dv % kGdnSplit != 0 || a.Dv / kGdnSplit * 4 > 128) fail("gdn_decode: value head dim must be a multiple of 4, <= 128");
+  if (a.Hk <= 0 || a.Hv % a.Hk != 0) fail("gdn_decode: value heads must be a multiple of key heads");
+  launch("gdn_decode", gdn_decode_kernel, dim3(a.Hv, kGdnSplit), dim3(128), 0, stream, a, halt);
+}
+
+size_t gdn_state_index(int Hv, int Dk, int Dv, int h, int k, int v) {
+  const int C = Dv / kGdnSplit, split = v / C, col = v % C, kq = k % 4, i = k / 4;
+  const int t = col * 4 + kq, j = i / 4;
+  const size_t base = (static_cast<size_t>(h) * kGdnSplit + split) * Dk * C / 4;
+  return (base + static_cast<size_t>(j) * 4 * C + t) * 4 + i % 4;
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,35 @@
+// Gated DeltaNet decode step for one token, one launch (grid: value heads x 4 splits of
+// the value dimension). Per value head h (key head h / (Hv/Hk)):
+//   causal conv (kernel 4) + SiLU over the q, k, v channels, using a ring of the last 4
+//   pre-conv rows indexed by position mod 4 (the current row is written back);
+//   q = l2norm(q) / sqrt(Dk), k = l2norm(k); beta = sigmoid(b); decay = exp(-exp(A_log) softplus(a + dt_bias));
+//   S = decay S;  S += k (beta (v - S^T k))^T;  o = S^T q.
+// The state is read from one buffer and written to another (double buffering), so a
+// step that is later discarded leaves the previous state intact. The gated RMSNorm of
+// o is done by the output projection (XMode::HeadNormGate).
+#pragma once
+#include <cuda_runtime.h>
+
+namespace lily::cuda {
+
+constexpr int kGdnSplit = 4;  // blocks per value head
+
+struct GdnArgs {
+  const float* proj = nullptr;     // [conv_dim (q|k|v) | Hv*Dv (z) | Hv (b) | Hv (a)]
+  const float* conv_w = nullptr;   // [conv_dim][4], tap 3 multiplies the current token
+  float* ring = nullptr;           // [4][conv_dim] pre-conv rows by position mod 4 (zeros at start)
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* neg_A = nullptr;    // [Hv] = -exp(A_log)
+  const float* state_in = nullptr; // [Hv * Dk * Dv] in the kernel's own layout (see gdn_state_index)
+  float* state_out = nullptr;
+  float* out = nullptr;            // [Hv * Dv] o before the gated norm
+  const int* pos = nullptr;        // position of this token
+  int Hk = 0, Hv = 0, Dk = 0, Dv = 0;
+};
+
+void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream);
+
+// Where S[k][v] of value head h lives in the state buffer (for tests and snapshots).
+size_t gdn_state_index(int Hv, int Dk, int Dv, int h, int k, int v);
+
+}  // namespace lily::cuda

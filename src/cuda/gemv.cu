@@ -1,0 +1,147 @@
+#include "gemv.h"
+
+#include <algorithm>
+
+#include "gemv_core.cuh"
+#include "qmma.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// Warps stride over groups of R rows (so the x staging is paid once per block); each
+// lane holds U chunks of each row per tile step. The first tile is loaded before the
+// wait on the previous kernel, the next tile while the current one is consumed.
+template <int BITS, int R, int U>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
+  extern __shared__ float4 smem[];
+  float4* xs = smem;
+  float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
+  float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_groups = (W.rows + R - 1) / R;
+  auto W_of = [&](int) -> const QMat& { return W; };
+  auto rows_of = [&](int g, int (&row)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = min(g * R + r, W.rows - 1);
+  };
+  RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, n_groups, W.chunks());
+  walk.prefetch(W_of, rows_of, lane);
+  pdl_wait();
+  if (halt && *halt) return;
+  stage_x<BITS>(X, W.cols, xs, xsum, scratch);
+  walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[R]) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (g * R + r < W.rows) {
+          if (Y.mode == YMode::Add) Y.y[g * R + r] += acc[r];
+          else Y.y[g * R + r] = acc[r];
+        }
+    }
+  });
+  pdl_trigger();
+}
+
+// Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its warps
+// split the groups (GPW each) and meet in shared memory; the next row block's tiles are
+// loaded while this one is computed, the first before the wait on the previous kernel.
+template <int GPW>
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
+  uint4* xf = smem_u4;
+  float* xsum = reinterpret_cast<float*>(xf + W.cols / 4);
+  float* raw = xsum + (G + 3) / 4 * 4;
+  __shared__ float red[2][kWarps][16];
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  int rb = blockIdx.x;
+  MmaTiles<GPW> next;
+  if (rb < n_rb) next.load(W, rb, g0, G, lane);
+  pdl_wait();
+  if (halt && *halt) return;
+  stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
+    float y0 = 0.0f, y1 = 0.0f;
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    const float y = reduce_rows16(red[it & 1], y0, y1);
+    const int row = rb * 16 + threadIdx.x;
+    if (threadIdx.x < 16 && row < W.rows) {
+      if (Y.mode == YMode::Add) Y.y[row] += y;
+      else Y.y[row] = y;
+    }
+  }
+  pdl_trigger();
+}
+
+template <int GPW>
+void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  auto kernel = gemv_mma_kernel<GPW>;
+  static const int blocks_per_sm = [&] {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "gemv: set smem");
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
+    return std::max(n, 1);
+  }();
+  const int n_rb = (W.rows + 15) / 16;
+  const int grid = std::min(n_rb, blocks_per_sm * sm_count());
+  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
+}
+
+template <int BITS, int R, int U>
+void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  auto kernel = gemv_kernel<BITS, R, U>;
+  const size_t smem = stage_bytes<BITS>(W.cols);
+  static int blocks_per_sm = [&] {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "gemv: set smem");
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
+    return std::max(n, 1);
+  }();
+  const int groups = (W.rows + R - 1) / R;
+  const int grid = std::min((groups + kWarps - 1) / kWarps, blocks_per_sm * sm_count());
+  launch("gemv", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, Y, halt);
+}
+
+// Rows per warp: enough warps for every multiprocessor first (R*U <= 8 tile registers).
+template <int BITS, int U>
+void pick_rows(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  const int target = 16 * sm_count();
+  if constexpr (U <= 2) {
+    if (W.rows >= 4 * target) return launch_gemv<BITS, 4, U>(W, X, Y, halt, stream);
+  }
+  if (W.rows >= 2 * target) launch_gemv<BITS, 2, U>(W, X, Y, halt, stream);
+  else launch_gemv<BITS, 1, U>(W, X, Y, halt, stream);
+}
+
+// Chunks per lane: one tile step covers a whole row when it has <= 128 chunks.
+template <int BITS>
+void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  const int chunks = W.chunks();
+  if (chunks <= 32) pick_rows<BITS, 1>(W, X, Y, halt, stream);
+  else if (chunks <= 64) pick_rows<BITS, 2>(W, X, Y, halt, stream);
+  else pick_rows<BITS, 4>(W, X, Y, halt, stream);
+}
+
+}  // namespace
+
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
+  if (X.mode == XMode::HeadNormGate && (X.head_dim % 4 != 0 || W.cols / X.head_dim > 64))
+    fail("gemv: head norm needs head_dim % 4 == 0 and at most 64 heads");
+  if (W.tiled) {
+    const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
+    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);
+    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream);
+    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream);
+    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream);
+    else fail("gemv: tiled weights with more than 4096 columns are not supported");
+  } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
+  else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);
+  else fail("gemv: ", std::to_string(W.bits), "-bit weights are not supported (4 or 8)");
+}
+
+}  // namespace lily::cuda

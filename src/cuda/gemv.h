@@ -1,0 +1,20 @@
+// y = W x for one token (decode): W an MLX affine 4/8-bit matrix, x built by the block
+// from an XSpec (plain, RMSNorm, embedding + RMSNorm, Gated DeltaNet head norm + gate).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernel_types.h"
+
+namespace lily::cuda {
+
+enum class YMode : int { Store, Add };  // y[r] = v, or y[r] += v (residual add)
+
+struct YSpec {
+  YMode mode = YMode::Store;
+  float* y = nullptr;
+};
+
+// halt: when non-null and *halt != 0 the kernel does nothing (a finished decode loop).
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream);
+
+}  // namespace lily::cuda

@@ -1,0 +1,41 @@
+// Plain descriptions of kernel operands, shared by host code and kernels.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lily::cuda {
+
+// A quantized matrix as the kernels read it: row-major in MLX code order, or tiled for
+// the tensor-core GEMV (then rows are padded to 16 and chunks()/groups() do not apply).
+struct QMat {
+  const uint4* codes = nullptr;  // [rows][chunks], chunk = 16 bytes = 128/bits columns
+  const uint32_t* sb = nullptr;  // [rows][cols/group]: bf16 scale (low half) | bf16 bias (high half)
+  int rows = 0, cols = 0, bits = 4;
+  int gshift = 1;  // log2(group / columns per chunk)
+  bool tiled = false;  // 4-bit, group 64, in the tensor-core tile order (qmma.cuh)
+  __host__ __device__ int chunks() const { return cols * bits / 128; }
+  __host__ __device__ int groups() const { return chunks() >> gshift; }
+};
+
+// How a block builds its input vector x [cols] before the dot products.
+enum class XMode : int {
+  Plain,         // x
+  RmsNorm,       // x * rsqrt(mean(x^2) + eps) * w
+  EmbedRmsNorm,  // e = embedding row of *token (block 0 stores e to h_out); then RmsNorm of e
+  HeadNormGate,  // per head of head_dim: x * rsqrt(mean(x^2) + eps) * w[d] * silu(z)  (Gated DeltaNet output)
+};
+
+struct XSpec {
+  XMode mode = XMode::Plain;
+  const float* x = nullptr;
+  const float* w = nullptr;
+  const float* z = nullptr;
+  int head_dim = 0;
+  float eps = 1e-6f;
+  QMat embed;                  // EmbedRmsNorm: the embedding table [vocab, cols]
+  const int* token = nullptr;  // EmbedRmsNorm
+  float* h_out = nullptr;      // EmbedRmsNorm
+};
+
+}  // namespace lily::cuda

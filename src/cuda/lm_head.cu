@@ -1,0 +1,185 @@
+#include "lm_head.h"
+
+#include <algorithm>
+
+#include "gemv_core.cuh"
+#include "qmma.cuh"
+#include "token_select.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ float select_key(float l, int r, HeadSelect sel, const DecodeCtl& c, int limit,
+                                            const TokenSink& s) {
+  if (r >= limit) return -FLT_MAX;
+  const float p = penalized(l, r, c, s.counts, s.seen);
+  if (sel == HeadSelect::Greedy) return p;
+  return p / c.temperature - __logf(-__logf(uniform01(c.seed, c.n_generated, r)));
+}
+
+// Block winner -> partial[block]; the last block to finish reduces them and emits.
+__device__ void finish_selection(const HeadArgs& a, float best, int best_i) {
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ bool last;
+  block_best(best, best_i, red_v, red_i);
+  if (threadIdx.x == 0) a.partial[blockIdx.x] = make_float2(best, __int_as_float(best_i));
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  best = -FLT_MAX;
+  best_i = 0x7fffffff;
+  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+    const float2 p = __ldcg(a.partial + b);
+    if (better(p.x, __float_as_int(p.y), best, best_i)) { best = p.x; best_i = __float_as_int(p.y); }
+  }
+  block_best(best, best_i, red_v, red_i);
+  if (threadIdx.x == 0) {
+    emit_token(best_i, a.sink);
+    *a.counter = 0;
+  }
+}
+
+template <int BITS>
+__global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, const int* halt) {
+  constexpr int R = BITS == 4 ? 4 : 2, U = BITS == 4 ? 2 : 4;  // rows per warp, chunks per lane
+  extern __shared__ float4 smem[];
+  const QMat& W = a.W;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto W_of = [&](int) -> const QMat& { return W; };
+  auto rows_of = [&](int g, int (&row)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = min(g * R + r, W.rows - 1);
+  };
+  RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, (W.rows + R - 1) / R, W.chunks());
+  if (a.compute) walk.prefetch(W_of, rows_of, lane);
+  pdl_wait();
+  if (halt && *halt) return;
+  const bool choose = a.select != HeadSelect::None;
+  DecodeCtl c;
+  if (choose) c = *a.ctl;
+  const int limit = choose && c.vocab_limit > 0 ? min(c.vocab_limit, W.rows) : W.rows;
+  float best = -FLT_MAX;
+  int best_i = 0x7fffffff;
+
+  if (a.compute) {
+    float4* xs = smem;
+    float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
+    stage_x<BITS>(a.X, W.cols, xs, xsum, xsum + W.cols / cols_per_chunk<BITS>());
+    walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[R]) {
+      float mine = 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == r) mine = acc[r];
+      const int r = g * R + lane;
+      if (lane < R && r < W.rows) {
+        a.logits[r] = mine;
+        if (choose) {
+          const float k = select_key(mine, r, a.select, c, limit, a.sink);
+          if (better(k, r, best, best_i)) { best = k; best_i = r; }
+        }
+      }
+    });
+  } else if (choose) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < limit; r += gridDim.x * blockDim.x) {
+      const float k = select_key(a.logits[r], r, a.select, c, limit, a.sink);
+      if (better(k, r, best, best_i)) { best = k; best_i = r; }
+    }
+  }
+  pdl_trigger();
+  if (choose) finish_selection(a, best, best_i);
+}
+
+// Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups.
+template <int GPW>
+__global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  const QMat& W = a.W;
+  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
+  uint4* xf = smem_u4;
+  float* xsum = reinterpret_cast<float*>(xf + W.cols / 4);
+  float* raw = xsum + (G + 3) / 4 * 4;
+  __shared__ float red[2][kWarps][16];
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  int rb = blockIdx.x;
+  MmaTiles<GPW> next;
+  if (rb < n_rb) next.load(W, rb, g0, G, lane);
+  pdl_wait();
+  if (halt && *halt) return;
+  const bool choose = a.select != HeadSelect::None;
+  DecodeCtl c;
+  if (choose) c = *a.ctl;
+  const int limit = choose && c.vocab_limit > 0 ? min(c.vocab_limit, W.rows) : W.rows;
+  float best = -FLT_MAX;
+  int best_i = 0x7fffffff;
+  stage_x_mma(a.X, W.cols, xf, xsum, raw, raw + W.cols);
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
+    float y0 = 0.0f, y1 = 0.0f;
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    const float y = reduce_rows16(red[it & 1], y0, y1);
+    const int r = rb * 16 + threadIdx.x;
+    if (threadIdx.x < 16 && r < W.rows) {
+      a.logits[r] = y;
+      if (choose) {
+        const float k = select_key(y, r, a.select, c, limit, a.sink);
+        if (better(k, r, best, best_i)) { best = k; best_i = r; }
+      }
+    }
+  }
+  pdl_trigger();
+  if (choose) finish_selection(a, best, best_i);
+}
+
+template <int BITS>
+void launch_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
+  auto kernel = lm_head_kernel<BITS>;
+  static int blocks_per_sm = [&] {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "lm_head: set smem");
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 16 * 1024), "lm_head: occupancy");
+    return std::max(n, 1);
+  }();
+  const int grid = std::min(blocks_per_sm * sm_count(), lm_head_max_blocks());
+  launch("lm_head", kernel, dim3(grid), dim3(kWarps * 32), a.compute ? stage_bytes<BITS>(a.W.cols) : 0, stream, a, halt);
+}
+
+
+template <int GPW>
+void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
+  auto kernel = lm_head_mma_kernel<GPW>;
+  static const int blocks_per_sm = [&] {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "lm_head: set smem");
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "lm_head: occupancy");
+    return std::max(n, 1);
+  }();
+  const int grid = std::min({blocks_per_sm * sm_count(), lm_head_max_blocks(), (a.W.rows + 15) / 16});
+  launch("lm_head (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(a.W.cols), stream, a, halt);
+}
+
+}  // namespace
+
+int lm_head_max_blocks() { return 1024; }
+
+void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
+  if (a.W.cols % 32 != 0) fail("lm_head: hidden size must be a multiple of 32");
+  if (a.compute && a.W.tiled) {
+    const int gpw = (a.W.cols / 64 + kWarps - 1) / kWarps;
+    if (gpw <= 1) launch_head_mma<1>(a, halt, stream);
+    else if (gpw <= 2) launch_head_mma<2>(a, halt, stream);
+    else if (gpw <= 4) launch_head_mma<4>(a, halt, stream);
+    else if (gpw <= 8) launch_head_mma<8>(a, halt, stream);
+    else fail("lm_head: tiled weights with more than 4096 columns are not supported");
+  } else if (a.W.bits == 4 || !a.compute) launch_head<4>(a, halt, stream);
+  else if (a.W.bits == 8) launch_head<8>(a, halt, stream);
+  else fail("lm_head: ", std::to_string(a.W.bits), "-bit weights are not supported");
+}
+
+}  // namespace lily::cuda

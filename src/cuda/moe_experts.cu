@@ -1,0 +1,325 @@
+#include "moe_experts.h"
+
+#include "gemv_core.cuh"
+#include "qmma.cuh"
+
+#include <algorithm>
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// One warp per (slot, row r): reads gate row r and up row r of the slot's expert. The
+// first tile is loaded (once the expert ids are known) before x is staged.
+template <int BITS, int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    gate_up_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
+  extern __shared__ float4 smem[];
+  const int H = m.gate_up.cols;
+  float4* xs = smem;
+  float* xsum = reinterpret_cast<float*>(xs + H / 4);
+  float* scratch = xsum + H / cols_per_chunk<BITS>();
+  __shared__ int s_ids[16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int I = m.inter, Is = m.shared_inter, routed = k * I;
+  pdl_wait();
+  if (halt && *halt) return;
+  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  auto W_of = [&](int item) -> const QMat& { return item < routed ? m.gate_up : m.shared_gate_up; };
+  auto rows_of = [&](int item, int (&row)[2]) {
+    if (item < routed) {
+      const int slot = item / I, r = item - slot * I, base = s_ids[slot] * 2 * I;
+      row[0] = base + r;
+      row[1] = base + I + r;
+    } else {
+      row[0] = item - routed;
+      row[1] = Is + item - routed;
+    }
+  };
+  RowWalk<BITS, 2, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, routed + Is, m.gate_up.chunks());
+  walk.prefetch(W_of, rows_of, lane);
+  stage_x<BITS>(X, H, xs, xsum, scratch);
+  walk.run(W_of, rows_of, xs, xsum, lane, [&](int item, const float (&acc)[2]) {
+    if (lane == 0) act[item] = siluf_(acc[0]) * acc[1];
+  });
+  pdl_trigger();
+}
+
+// One warp per output row j. The k routed slots and the shared slot are laid out back
+// to back in act, so chunk c of the concatenated input maps to (slot, chunk within the
+// slot's row) and to the staged x directly. A lane's chunks c = lane + 32i (i < U) are
+// all loaded before x is staged.
+template <int BITS, int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    down_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate, int k,
+                float* h, int* pos_inc, const int* halt) {
+  extern __shared__ float4 smem[];
+  constexpr int CPC = cols_per_chunk<BITS>();
+  const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
+  const int cols = k * I + Is, cps = I / CPC, n_chunks = cols / CPC, routed_chunks = k * cps;
+  float4* xs = smem;
+  float* xsum = reinterpret_cast<float*>(xs + cols / 4);
+  float* scratch = xsum + n_chunks;
+  __shared__ int s_ids[16];
+  __shared__ float s_w[17];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  if (halt && *halt) return;
+  if (threadIdx.x < k) {
+    s_ids[threadIdx.x] = ids[threadIdx.x];
+    s_w[threadIdx.x] = weights[threadIdx.x];
+  }
+  if (threadIdx.x == 0) s_w[k] = *shared_gate;
+  __syncthreads();
+
+  auto load = [&](int j, uint4 (&cw)[U], uint32_t (&sb)[U], float (&wgt)[U]) {
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int c = min(lane + 32 * i, n_chunks - 1);
+      const bool shared = c >= routed_chunks;
+      const int slot = shared ? k : c / cps, u = shared ? c - routed_chunks : c - slot * cps;
+      const QMat& W = shared ? m.shared_down : m.down;
+      const int r = shared ? j : s_ids[slot] * H + j;
+      cw[i] = load_stream(W.codes + static_cast<size_t>(r) * W.chunks() + u);
+      sb[i] = __ldg(W.sb + static_cast<size_t>(r) * W.groups() + (u >> W.gshift));
+      wgt[i] = s_w[slot];
+    }
+  };
+  uint4 cw[U];
+  uint32_t sb[U];
+  float wgt[U];
+  int j = blockIdx.x * kWarps + warp;
+  if (j < H) load(j, cw, sb, wgt);
+  XSpec X;
+  X.x = act;
+  stage_x<BITS>(X, cols, xs, xsum, scratch);
+
+  for (; j < H; j += gridDim.x * kWarps) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int c = lane + 32 * i;
+      if (c < n_chunks) {
+        float4 xv[slots_per_chunk<BITS>()];
+        load_x<BITS>(xs, c, xv);
+        acc = fmaf(wgt[i], chunk_term<BITS>(cw[i], sb[i], xv, xsum[c]), acc);
+      }
+    }
+    const int jn = j + gridDim.x * kWarps;
+    if (jn < H) load(jn, cw, sb, wgt);
+    acc = warp_sum(acc);
+    if (lane == 0) h[j] += acc;
+  }
+  if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
+  pdl_trigger();
+}
+
+// Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
+// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
+template <int GPW>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  const int H = m.gate_up.cols, G = H / 64;
+  uint4* xf = smem_u4;
+  float* xsum = reinterpret_cast<float*>(xf + H / 4);
+  float* raw = xsum + (G + 3) / 4 * 4;
+  __shared__ float red[2][kWarps][16];
+  __shared__ int s_ids[16];
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
+  pdl_wait();
+  if (halt && *halt) return;
+  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  auto tile_of = [&](int task, int& rb) -> const QMat& {
+    if (task < routed) {
+      rb = s_ids[task / rbe] * rbe + task % rbe;
+      return m.gate_up;
+    }
+    rb = task - routed;
+    return m.shared_gate_up;
+  };
+  int task = blockIdx.x, rb = 0;
+  MmaTiles<GPW> next;
+  if (task < n_tasks) next.load(tile_of(task, rb), rb, g0, G, lane);
+  stage_x_mma(X, H, xf, xsum, raw, raw + H);
+  for (int it = 0; task < n_tasks; task += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    const int nt = task + gridDim.x;
+    if (nt < n_tasks) next.load(tile_of(nt, rb), rb, g0, G, lane);
+    float y0 = 0.0f, y1 = 0.0f;
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    put_rows16(red[it & 1], y0, y1);
+    __syncthreads();
+    if (threadIdx.x < 8) {
+      const float g = row_total(red[it & 1], threadIdx.x), u = row_total(red[it & 1], threadIdx.x + 8);
+      const int out = task < routed ? (task / rbe) * I + 8 * (task % rbe) : k * I + 8 * (task - routed);
+      act[out + threadIdx.x] = siluf_(g) * u;
+    }
+  }
+  pdl_trigger();
+}
+
+// Tensor-core down + combine: task = 16 output rows; warps take (slot, group) pairs p
+// (the concatenated activations' groups), U each, loaded before the activations are staged.
+template <int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
+                    int k, float* h, int* pos_inc, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
+  const int gI = I / 64, gS = Is / 64, P = k * gI + gS, cols = k * I + Is, n_rb = H / 16;
+  uint4* xf = smem_u4;
+  float* xsum = reinterpret_cast<float*>(xf + cols / 4);
+  float* raw = xsum + (P + 3) / 4 * 4;
+  __shared__ float red[2][kWarps][16];
+  __shared__ int s_ids[16];
+  __shared__ float s_w[17];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  if (halt && *halt) return;
+  if (threadIdx.x < k) {
+    s_ids[threadIdx.x] = ids[threadIdx.x];
+    s_w[threadIdx.x] = weights[threadIdx.x];
+  }
+  if (threadIdx.x == 0) s_w[k] = *shared_gate;
+  __syncthreads();
+
+  uint4 c[U];
+  uint32_t s0[U], s1[U];
+  auto load = [&](int rb) {
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int p = warp + kWarps * i;
+      if (p < P) {
+        const bool shared = p >= k * gI;
+        const int slot = shared ? k : p / gI, gi = shared ? p - k * gI : p - slot * gI;
+        const QMat& W = shared ? m.shared_down : m.down;
+        const size_t t = static_cast<size_t>(shared ? rb : s_ids[slot] * n_rb + rb) * (shared ? gS : gI) + gi;
+        c[i] = load_stream(W.codes + t * 32 + lane);
+        s0[i] = __ldg(W.sb + t * 16 + (lane >> 2));
+        s1[i] = __ldg(W.sb + t * 16 + (lane >> 2) + 8);
+      }
+    }
+  };
+  int rb = blockIdx.x;
+  if (rb < n_rb) load(rb);
+  XSpec X;
+  X.x = act;
+  stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int p = warp + kWarps * i;
+      if (p < P) {
+        const float2 v = group_mma(c[i], xf, p, lane);
+        const float wgt = s_w[p >= k * gI ? k : p / gI], xs = xsum[p];
+        y0 = fmaf(wgt, group_term(s0[i], v.x, xs), y0);
+        y1 = fmaf(wgt, group_term(s1[i], v.y, xs), y1);
+      }
+    }
+    if (rb + static_cast<int>(gridDim.x) < n_rb) load(rb + gridDim.x);
+    const float y = reduce_rows16(red[it & 1], y0, y1);
+    if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] += y;
+  }
+  if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
+  pdl_trigger();
+}
+
+void check_shapes(const MoeExperts& m, int k) {
+  const int cpc = 128 / m.down.bits;
+  if (k < 1 || k > 16) fail("moe: top_k must be in [1, 16]");
+  if (m.gate_up.bits != m.down.bits || m.shared_gate_up.bits != m.gate_up.bits || m.shared_down.bits != m.gate_up.bits)
+    fail("moe: routed and shared expert weights must have the same bit width");
+  if (m.inter % cpc != 0 || m.shared_inter % cpc != 0)
+    fail("moe: expert widths must be multiples of ", std::to_string(cpc));
+}
+
+template <int BITS>
+void launch_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int k, float* act, const int* halt,
+                    cudaStream_t stream) {
+  const int H = m.gate_up.cols, n_items = k * m.inter + m.shared_inter, chunks = m.gate_up.chunks();
+  const int grid = std::min((n_items + kWarps - 1) / kWarps, 2 * sm_count());
+  const size_t smem = stage_bytes<BITS>(H);
+  if (chunks <= 32) launch("moe_gate_up", gate_up_kernel<BITS, 1>, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, k, act, halt);
+  else if (chunks <= 64) launch("moe_gate_up", gate_up_kernel<BITS, 2>, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, k, act, halt);
+  else launch("moe_gate_up", gate_up_kernel<BITS, 4>, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, k, act, halt);
+}
+
+template <int BITS>
+void launch_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
+                 int k, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
+  const int H = m.shared_down.rows, cols = k * m.inter + m.shared_inter;
+  const int n_chunks = cols / cols_per_chunk<BITS>();
+  const size_t smem = stage_bytes<BITS>(cols);
+  if (smem > 48 * 1024) fail("moe_down: expert width too large for the staged activations");
+  const int grid = std::min((H + kWarps - 1) / kWarps, 2 * sm_count());
+#define LILY_DOWN(U)                                                                                                  \
+  launch("moe_down", down_kernel<BITS, U>, dim3(grid), dim3(kWarps * 32), smem, stream, m, act, ids, weights, shared_gate, \
+         k, h, pos_inc, halt)
+  if (n_chunks <= 64) LILY_DOWN(2);
+  else if (n_chunks <= 160) LILY_DOWN(5);
+  else if (n_chunks <= 320) LILY_DOWN(10);
+  else fail("moe_down: ", std::to_string(n_chunks), " chunks per row are more than supported (320)");
+#undef LILY_DOWN
+}
+
+}  // namespace
+
+bool tiled(const MoeExperts& m) {
+  return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
+}
+
+void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
+                 cudaStream_t stream) {
+  check_shapes(m, top_k);
+  if (tiled(m)) {
+    const int H = m.gate_up.cols, gpw = (H / 64 + kWarps - 1) / kWarps;
+    const int tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
+    const int grid = std::min(tasks, 2 * sm_count());
+#define LILY_GU(N)                                                                                                   \
+  launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H), stream, \
+         m, X, ids, top_k, act, halt)
+    if (gpw <= 1) LILY_GU(1);
+    else if (gpw <= 2) LILY_GU(2);
+    else if (gpw <= 4) LILY_GU(4);
+    else if (gpw <= 8) LILY_GU(8);
+    else fail("moe_gate_up: hidden size above 4096 is not supported with tiled weights");
+#undef LILY_GU
+    return;
+  }
+  if (m.gate_up.bits == 4) launch_gate_up<4>(m, X, ids, top_k, act, halt, stream);
+  else if (m.gate_up.bits == 8) launch_gate_up<8>(m, X, ids, top_k, act, halt, stream);
+  else fail("moe_gate_up: unsupported bit width ", std::to_string(m.gate_up.bits));
+}
+
+void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
+  check_shapes(m, top_k);
+  if (tiled(m)) {
+    const int H = m.shared_down.rows, cols = top_k * m.inter + m.shared_inter;
+    const int pairs = top_k * (m.inter / 64) + m.shared_inter / 64, u = (pairs + kWarps - 1) / kWarps;
+    const int grid = std::min(H / 16, 2 * sm_count());
+    const size_t smem = stage_mma_bytes(cols);
+    if (smem > 48 * 1024) fail("moe_down: expert width too large for the staged activations");
+#define LILY_DN(N)                                                                                                  \
+  launch("moe_down (tensor cores)", down_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem, stream, m, act, ids, \
+         weights, shared_gate, top_k, h, pos_inc, halt)
+    if (u <= 1) LILY_DN(1);
+    else if (u <= 2) LILY_DN(2);
+    else if (u <= 5) LILY_DN(5);
+    else if (u <= 10) LILY_DN(10);
+    else fail("moe_down: more than 80 (slot, group) pairs are not supported with tiled weights");
+#undef LILY_DN
+    return;
+  }
+  if (m.down.bits == 4) launch_down<4>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);
+  else if (m.down.bits == 8) launch_down<8>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);
+  else fail("moe_down: unsupported bit width ", std::to_string(m.down.bits));
+}
+
+}  // namespace lily::cuda

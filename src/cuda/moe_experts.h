@@ -1,0 +1,29 @@
+// The expert half of an MoE block for one token (decode), in two launches:
+//   gate_up: act[j] = silu(gate_e . x) * (up_e . x) for the k routed experts and the
+//            shared expert (slot k), x = RMSNorm(h) rebuilt by each block;
+//   down:    h += sum_j w_j * down_e(act[j]) + sigmoid(g_s) * down_s(act[k]).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernel_types.h"
+
+namespace lily::cuda {
+
+struct MoeExperts {
+  QMat gate_up;         // [E * 2I, H]: per expert, I gate rows then I up rows
+  QMat down;            // [E * H, I]
+  QMat shared_gate_up;  // [2Is, H]
+  QMat shared_down;     // [H, Is]
+  int n_experts = 0, inter = 0, shared_inter = 0;  // E, I, Is
+};
+
+// act: [k * I + Is] fp32. ids: [k] expert ids on the device.
+void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
+                 cudaStream_t stream);
+
+// h [H] += the combined expert outputs. pos_inc: when non-null, block 0 adds 1 to it
+// after the last layer (the token is then fed).
+void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream);
+
+}  // namespace lily::cuda

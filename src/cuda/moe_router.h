@@ -1,0 +1,24 @@
+// MoE routing for one token, in one launch: router logits (W rows 0..E-1) and the
+// shared-expert gate logit (row E) from RMSNorm(h); the last block to finish then does
+// softmax over the E experts (fp32), top-k (ties to the lower id), renormalisation, and
+// sigmoid of the shared gate.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernel_types.h"
+
+namespace lily::cuda {
+
+struct RouterOut {
+  float* logits = nullptr;       // [E + 1] scratch
+  int* ids = nullptr;            // [k] chosen experts, by descending probability
+  float* weights = nullptr;      // [k] routing weights
+  float* shared_gate = nullptr;  // [1] sigmoid(shared_expert_gate . x)
+  unsigned* counter = nullptr;   // zero before the first launch; the last block resets it
+};
+
+// W: [E + 1, H]; X: how x is built (RMSNorm of h with the post-attention norm).
+void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool norm_topk, const RouterOut& out,
+                const int* halt, cudaStream_t stream);
+
+}  // namespace lily::cuda

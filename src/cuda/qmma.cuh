@@ -1,0 +1,151 @@
+// 4-bit GEMV on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
+//
+// Tiled weights (QMat::tiled): rows in blocks of 16, columns in quantisation groups of
+// 64. Block rb, group g is 512 bytes; lane L (gid = L/4, t = L%4) owns 16 of them, one
+// 32-bit word per k-step j (16 columns, c = 64g + 16j + ...) holding the nibbles
+//   n0 = W[gid][2t]   n4 = W[gid][2t+1]   n1 = W[gid+8][2t]   n5 = W[gid+8][2t+1]
+//   n2 = W[gid][2t+8] n6 = W[gid][2t+9]   n3 = W[gid+8][2t+8] n7 = W[gid+8][2t+9]
+// so ((w >> 4i) & 0x000F000F) | 0x43004300 is A-fragment register i as two bf16 128 + q.
+// Scales and biases: sb[(rb * G + g) * 16 + r] for row r of the block.
+// x is staged as bf16 hi + lo (x ~ hi + lo to ~16 bits): B column n holds hi for even n,
+// lo for odd n, so C[r][2t] + C[r][2t+1] = W[r] . x for every lane, and per group
+//   y[r] += s * (C - 128 * sum(x)) + b * sum(x).
+#pragma once
+#include <cstdint>
+
+#include "gemv_core.cuh"
+
+namespace lily::cuda {
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+}
+
+// Staged x of group g for this lane: 8 words (b0, b1 of k-steps 0..3), hi or lo by gid parity.
+__device__ __forceinline__ const uint4* xfrag(const uint4* xf, int g, int lane) {
+  return xf + (((g * 4 + (lane & 3)) * 2 + ((lane >> 2) & 1)) * 2);
+}
+
+// (W[gid] . x, W[gid+8] . x) over group g before scale and offset: 4 mmas.
+__device__ __forceinline__ float2 group_mma(const uint4& codes, const uint4* xf, int g, int lane) {
+  const uint4* p = xfrag(xf, g, lane);
+  const uint4 x0 = p[0], x1 = p[1];
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  uint32_t a[4];
+  dequant_word(codes.x, a);
+  mma_16816(c, a, x0.x, x0.y);
+  dequant_word(codes.y, a);
+  mma_16816(c, a, x0.z, x0.w);
+  dequant_word(codes.z, a);
+  mma_16816(c, a, x1.x, x1.y);
+  dequant_word(codes.w, a);
+  mma_16816(c, a, x1.z, x1.w);
+  return make_float2(c[0] + c[1], c[2] + c[3]);
+}
+
+// s * (v - 128 sum) + b * sum for a packed bf16 scale|bias.
+__device__ __forceinline__ float group_term(uint32_t sb, float v, float xsum) {
+  const float s = bf16_lo(sb), b = bf16_hi(sb);
+  return fmaf(s, v, (b - 128.0f * s) * xsum);
+}
+
+// Shared memory of stage_x_mma: fragments (cols * 4 bytes), group sums, the raw x, scratch.
+__host__ __device__ constexpr size_t stage_mma_bytes(int cols) {
+  return static_cast<size_t>(cols) * 8 + static_cast<size_t>((cols / 64 + 3) / 4 * 4) * 4 + 96 * 4;
+}
+
+// Builds x (XSpec) into the fragment layout and the per-group sums of hi + lo.
+__device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* xsum, float* raw, float* scratch) {
+  uint32_t* xw = reinterpret_cast<uint32_t*>(xf);
+  build_x(X, cols, reinterpret_cast<float4*>(raw), scratch, [&](int f, bool ok, float4 v) {
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    uint32_t hi[4], lo[4];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      hi[i] = to_bf16_bits(e[i]);
+      lo[i] = to_bf16_bits(e[i] - bf16_bits(static_cast<uint16_t>(hi[i])));
+      sum += bf16_bits(static_cast<uint16_t>(hi[i])) + bf16_bits(static_cast<uint16_t>(lo[i]));
+    }
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (!ok) return;
+    const int c = 4 * f, g = c >> 6, p = c & 15, j = (c & 63) >> 4, t = (p & 7) >> 1, word = 2 * j + (p >> 3);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+      const uint32_t* h = part ? lo : hi;
+      xw[((g * 4 + t) * 2 + part) * 8 + word] = h[0] | (h[1] << 16);
+      xw[((g * 4 + t + 1) * 2 + part) * 8 + word] = h[2] | (h[3] << 16);
+    }
+    if ((f & 15) == 0) xsum[g] = sum;
+  });
+}
+
+// A warp's tiles of one 16-row block: groups g0 .. g0+N-1 (those < G), one 16-byte
+// load per lane each, plus the two rows' scale|bias words.
+template <int N>
+struct MmaTiles {
+  uint4 c[N];
+  uint32_t s0[N], s1[N];
+
+  __device__ __forceinline__ void load(const QMat& W, int rb, int g0, int G, int lane) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int g = g0 + i;
+      if (g < G) {
+        const size_t t = static_cast<size_t>(rb) * G + g;
+        c[i] = load_stream(W.codes + t * 32 + lane);
+        s0[i] = __ldg(W.sb + t * 16 + (lane >> 2));
+        s1[i] = __ldg(W.sb + t * 16 + (lane >> 2) + 8);
+      }
+    }
+  }
+
+  // y0 += W[gid] . x, y1 += W[gid+8] . x over these groups (x of groups xg0 + i).
+  __device__ __forceinline__ void accumulate(int g0, int G, int xg0, const uint4* xf, const float* xsum, int lane,
+                                             float& y0, float& y1, float weight = 1.0f) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (g0 + i < G) {
+        const float2 v = group_mma(c[i], xf, xg0 + i, lane);
+        const float xs = xsum[xg0 + i];
+        y0 = fmaf(weight, group_term(s0[i], v.x, xs), y0);
+        y1 = fmaf(weight, group_term(s1[i], v.y, xs), y1);
+      }
+    }
+  }
+};
+
+// Per-row totals of a 16-row block over the block's warps: every warp calls
+// put_rows16 with its (y0, y1); after a barrier, row_total(red, r) sums row r in warp
+// order (deterministic). red is [warps][16]; alternate two of them between row blocks.
+__device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if ((lane & 3) == 0) {
+    red[warp][lane >> 2] = y0;
+    red[warp][(lane >> 2) + 8] = y1;
+  }
+}
+
+__device__ __forceinline__ float row_total(const float (*red)[16], int r) {
+  float y = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) y += red[w][r];
+  return y;
+}
+
+// put_rows16 + barrier + row_total for thread r < 16.
+__device__ __forceinline__ float reduce_rows16(float (*red)[16], float y0, float y1) {
+  put_rows16(red, y0, y1);
+  __syncthreads();
+  return threadIdx.x < 16 ? row_total(red, threadIdx.x) : 0.0f;
+}
+
+}  // namespace lily::cuda
