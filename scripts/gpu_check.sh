@@ -6,7 +6,10 @@
 # 3. runs the GPU pytest files (CUDA vs CPU executor on small checkpoints);
 # 4. runs the decode benchmark at full 35B-A3B dimensions (random weights), with and
 #    without the tensor-core GEMV (LILY_CUDA_TENSOR_CORES=0);
-# and prints a short summary last. Logs go to OUT_DIR.
+# 5. runs `lily bench --synthetic 35b` over LILY_BENCH_LENGTHS (default 512,4K; add
+#    LILY_BENCH_COMPARE=hf for the transformers peer) into OUT_DIR/bench;
+# and prints a short summary last. Logs go to OUT_DIR. The GPU machine gets the tree
+# without .git: pass LILY_GIT_COMMIT=$(git rev-parse HEAD) so results name their commit.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -42,6 +45,10 @@ if [ "$pip_rc" = 0 ]; then
   bench_rc=${PIPESTATUS[0]}
   LILY_CUDA_TENSOR_CORES=0 timeout 120 python3 benchmarks/ops/cuda_decode.py --contexts 4096 --json "$OUT/decode_fp32dot.json" 2>&1 \
     | tee "$OUT/decode_fp32dot.log"
+  compare=${LILY_BENCH_COMPARE:+--compare $LILY_BENCH_COMPARE}
+  timeout 400 python3 -m lily bench --synthetic 35b --device cuda --lengths "${LILY_BENCH_LENGTHS:-512,4K}" \
+    --phase both $compare --arm-timeout 200 --out "$OUT/bench" > "$OUT/lily_bench.log" 2>&1
+  echo "lily bench: rc=$?"
 else
   tail -40 "$OUT/build_package.log"
 fi
@@ -56,3 +63,4 @@ grep 'device-to-device' "$OUT/kernel_tests.log" 2>/dev/null
 echo "pytest (cuda): rc=$py_rc: $(tail -1 "$OUT/pytest_cuda.log" 2>/dev/null)"
 echo "decode bench: rc=$bench_rc"
 grep "^{" "$OUT/decode.log" "$OUT/decode_fp32dot.log" 2>/dev/null
+sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'

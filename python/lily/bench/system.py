@@ -42,9 +42,11 @@ def host() -> dict:
 
 
 def git(where: Path) -> dict | None:
-    """Commit of the checkout at `where`, and whether tracked files differ from it."""
+    """Commit of the checkout at `where`, and whether tracked files differ from it.
+    A copy of the tree without .git (a GPU machine) names its commit in LILY_GIT_COMMIT."""
     commit = _run(["git", "rev-parse", "HEAD"], where)
     if commit is None:
-        return None
+        given = os.environ.get("LILY_GIT_COMMIT")
+        return {"commit": given, "dirty": False, "where": "LILY_GIT_COMMIT"} if given else None
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], where)
     return {"commit": commit, "dirty": bool(dirty), "where": str(where)}
