@@ -413,7 +413,10 @@ def status_and_param(call):
     ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
     ({"stop": ["x"] * 17}, "stop"),
-    ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # forcing a call needs tools
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}, "tools": TOOLS},
+     "tool_choice.function.name"),
+    ({"tool_choice": {"type": "function"}, "tools": TOOLS}, "tool_choice"),
     ({"stop": [""]}, "stop"),
     ({"logprobs": True}, "logprobs"),
     ({"extra_body": {"chat_template_kwargs": {"enable_thinking": "yes"}}}, "chat_template_kwargs.enable_thinking"),

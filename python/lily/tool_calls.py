@@ -16,7 +16,8 @@ The generation prompt usually opens the `<think>` block itself, so whether the o
 inside reasoning is decided by the prompt. `AssistantStream` takes text piece by piece (as a
 stream decodes it) and hands back what each piece completes; parsing a whole reply is the
 same thing fed in one piece, so streamed and non-streamed answers always agree. Nothing is
-dropped: text that is not a well-formed call stays in the channel where it appeared.
+dropped: text that is not a well-formed call stays in the channel where it appeared (except in
+a block the server forced open, which is a call whatever the model wrote in it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+# A forced block is a call by construction: closers the model left out are implied.
+_FORCED_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
+_FORCED_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
 @dataclass
@@ -68,16 +72,25 @@ def parse_tool_call_block(block: str, tools: list[dict] | None = None) -> list[T
     Parameter values are JSON-decoded unless the tool's schema says the parameter is a
     string (then the text is kept as is); a value that is not valid JSON stays a string.
     """
-    calls = []
-    for fn in _FUNCTION.finditer(block):
-        name = fn.group(1).strip()
-        types = _parameter_types(tools, name)
-        args = {}
-        for p in _PARAMETER.finditer(fn.group(2)):
-            key = p.group(1).strip()
-            args[key] = _convert(_strip_one_newline(p.group(2)), types.get(key))
-        calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
-    return calls
+    return [_call(fn, _PARAMETER, tools) for fn in _FUNCTION.finditer(block)]
+
+
+def parse_forced_call_block(block: str, tools: list[dict] | None = None) -> list[ToolCall]:
+    """The one call of a block the server opened as `<tool_call>\\n<function=NAME>` (tool_choice
+    "required" or a named function): a missing `</function>` or `</parameter>` ends at the
+    block's end (a parameter also at the next one), and text outside parameters is ignored."""
+    fn = _FORCED_FUNCTION.search(block)
+    return [_call(fn, _FORCED_PARAMETER, tools)] if fn else []
+
+
+def _call(fn: re.Match, parameter: re.Pattern, tools: list[dict] | None) -> ToolCall:
+    name = fn.group(1).strip()
+    types = _parameter_types(tools, name)
+    args = {}
+    for p in parameter.finditer(fn.group(2)):
+        key = p.group(1).strip()
+        args[key] = _convert(_strip_one_newline(p.group(2)), types.get(key))
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 def render_tool_call(name: str, arguments: dict) -> str:
@@ -114,14 +127,17 @@ class AssistantStream:
 
     in_reasoning: the reply starts inside a <think> block (see prompt_opens_reasoning).
     parse_tools: recognise <tool_call> blocks (when the request offered tools); tools: their
-    OpenAI definitions, used to type parameter values.
+    OpenAI definitions, used to type parameter values. forced: the server forced the reply's
+    one block open, so a closed block is read by parse_forced_call_block.
     """
 
-    def __init__(self, *, in_reasoning: bool = False, parse_tools: bool = False, tools: list[dict] | None = None):
+    def __init__(self, *, in_reasoning: bool = False, parse_tools: bool = False, tools: list[dict] | None = None,
+                 forced: bool = False):
         self._state = "reasoning" if in_reasoning else "content"
         self._return_to = self._state  # where a tool call block returns to
-        self._parse_tools = parse_tools
+        self._parse_tools = parse_tools or forced
         self._tools = tools
+        self._parse_closed = parse_forced_call_block if forced else parse_tool_call_block
         self._buf = ""  # text not yet assigned: a possible marker start, or an open call block
         self._channels = {"reasoning": _Channel(), "content": _Channel()}
         self.tool_calls: list[ToolCall] = []
@@ -171,7 +187,7 @@ class AssistantStream:
     def _close_call(self, block: str, out: Delta, closed: bool = True) -> None:
         # An unterminated block (output cut short) still counts if a function is complete.
         self._state = self._return_to
-        calls = parse_tool_call_block(block, self._tools)
+        calls = (self._parse_closed if closed else parse_tool_call_block)(block, self._tools)
         if calls:
             self.tool_calls += calls
             out.tool_calls += calls

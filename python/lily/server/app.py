@@ -75,7 +75,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
 
     async def respond(request: Request, plan, reply, stream: bool):
         worker.admit()
-        job = Job(plan.ids, plan.options, plan.checkpoints)
+        job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced)
         if stream:
             return StreamingResponse(reply.stream(worker.generate(job)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

@@ -11,6 +11,7 @@ from ..prefix_cache import reply_start
 from ..tool_calls import prompt_opens_reasoning
 from .errors import APIError, bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .tool_choice import ForcedCall, forced_call
 
 _SMALLEST_TOP_P = 1e-6  # top_p 0 means "the top token only"; the sampler wants > 0 (in fp32)
 # Template variables a request may not set through chat_template_kwargs.
@@ -25,6 +26,7 @@ class Plan:
     in_reasoning: bool = False
     parse_tools: bool = False
     tools: list[dict] | None = None
+    forced: ForcedCall | None = None  # tool_choice makes the reply a call
     include_usage: bool = False
 
 
@@ -74,9 +76,10 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
         raise bad_request(str(e), "messages") from e
     ids = model.encode(text)
     max_tokens = req.max_completion_tokens or req.max_tokens
+    in_reasoning = prompt_opens_reasoning(text)
     plan = Plan(ids, _options(req, max_tokens, len(ids), context, max_tokens_limit, defaults),
-                checkpoints=reply_start(model, ids), in_reasoning=prompt_opens_reasoning(text),
-                parse_tools=use_tools, tools=tools)
+                checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
+                parse_tools=use_tools, tools=tools, forced=forced_call(model, req, tools, in_reasoning))
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
 

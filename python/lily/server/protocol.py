@@ -87,13 +87,22 @@ class Tool(_Body):
     function: FunctionDef
 
 
+class FunctionName(_Body):
+    name: NonEmpty
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto"] | None = Field(
-        None, description="'auto' (the default with tools) or 'none'; output is not constrained, so "
-                          "'required' and named functions are not offered")
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = Field(
+        None, description="'auto' (the default with tools), 'none', or a forced call: 'required' (one of "
+                          "the tools) or {'type': 'function', 'function': {'name': ...}}")
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(

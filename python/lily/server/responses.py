@@ -56,7 +56,7 @@ class ChatReply(_Reply):
     def __init__(self, model_name: str, plan: Plan):
         super().__init__(model_name, plan, "chatcmpl", "chat.completion")
         self.parser = AssistantStream(in_reasoning=plan.in_reasoning, parse_tools=plan.parse_tools,
-                                      tools=plan.tools)
+                                      tools=plan.tools, forced=plan.forced is not None)
         self._calls = 0  # tool calls streamed so far (their index)
 
     def _finish_reason(self, outcome: Outcome) -> str:

@@ -16,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator
 
+from ..model import GenerationResult
 from ..prefix_cache import PrefixCache
 from .errors import APIError, log
+from .tool_choice import ForcedCall, write_forced_call
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Job:
     ids: list[int]
     options: dict  # Session.generate keyword arguments (sampling, max_tokens, stop)
     checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
+    forced: ForcedCall | None = None  # tool_choice makes the reply a call
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _run: object = None
 
@@ -140,21 +143,15 @@ class Worker:
             if job.cancelled:
                 self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
                 return
-            run = self.session.generate(None, stream=True, **job.options)
-            job._run = run
-            if job.cancelled:
-                run.cancel()
-            for piece in run:
-                text = piece.text
-                if piece.token_ids and piece.token_ids[-1] in self._eos_text:
-                    text = text.removesuffix(self._eos_text[piece.token_ids[-1]])
-                if text:
-                    emit(text)
-            result = run.result
-            if result.finish_reason != "cancelled":
+            reply = ReplyWriter(self.session, job, emit, self._eos_text)
+            if job.forced is None:
+                finish_reason = reply.generate().finish_reason
+            else:
+                finish_reason = write_forced_call(reply, job.forced)
+            if finish_reason != "cancelled":
                 self.cache.store(self.session)  # the reply: the next turn may continue from it
-            self._finish(emit, Outcome(result.finish_reason, len(job.ids), cached, len(result.token_ids),
-                                       prefill_seconds + result.prefill_seconds, result.decode_seconds))
+            self._finish(emit, Outcome(finish_reason, len(job.ids), cached, reply.tokens,
+                                       prefill_seconds + reply.prefill_seconds, reply.decode_seconds))
         except Exception as e:
             emit(e)
             raise
@@ -187,6 +184,61 @@ class Worker:
         if job is not None:
             job.cancel()
         self._thread.shutdown(wait=True)
+
+
+class ReplyWriter:
+    """One reply on the working session, written by generate calls and forced tokens alike:
+    streams its text, spends one max_tokens budget on both, and times them."""
+
+    def __init__(self, session, job: Job, emit, eos_text: dict[int, str]):
+        self.session = session
+        self.job = job
+        self._emit = emit
+        self._eos_text = eos_text
+        self.tokens = 0  # generated and forced
+        self.prefill_seconds = 0.0  # the wait for the first token, when the reply starts by generating
+        self.decode_seconds = 0.0
+
+    @property
+    def tokens_left(self) -> int:
+        return self.job.options["max_tokens"] - self.tokens
+
+    def generate(self, **options) -> GenerationResult:
+        """Generates on from the session: the job's options, overridden by `options`."""
+        run = self.session.generate(None, stream=True, **{**self.job.options, **options,
+                                                           "max_tokens": self.tokens_left})
+        self.job._run = run
+        if self.job.cancelled:
+            run.cancel()
+        for piece in run:
+            text = piece.text
+            if piece.token_ids and piece.token_ids[-1] in self._eos_text:
+                text = text.removesuffix(self._eos_text[piece.token_ids[-1]])
+            self.emit(text)
+        result = run.result
+        if self.tokens == 0:
+            self.prefill_seconds += result.prefill_seconds
+        else:
+            self.decode_seconds += result.prefill_seconds
+        self.decode_seconds += result.decode_seconds
+        self.tokens += len(result.token_ids)
+        return result
+
+    def feed(self, ids):
+        """Appends tokens to the reply as if generated (their text is emitted separately);
+        returns the logits after the last one."""
+        t0 = time.perf_counter()
+        logits = self.session.prefill(ids)
+        self.decode_seconds += time.perf_counter() - t0
+        self.tokens += len(ids)
+        return logits
+
+    def emit(self, text: str) -> None:
+        if text:
+            self._emit(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self.session.model.encode(text)
 
 
 def _per_second(n: int, seconds: float) -> float:
