@@ -457,3 +457,26 @@ def test_consistency_metrics():
     c = compare(ref, other, ids)
     assert c.top1 == pytest.approx(5 / 6) and c.max_kl > 1 and c.positions == 6
     assert c.ppl_ratio != 1.0
+
+
+def test_token_bytes_reads_the_tokenizer_description_once(tiny_model):
+    """The stop-string byte table is built per load: serialising tokenizer.json once per
+    token would take hours at Qwen's 248K vocabulary."""
+    tok = tiny_model.tokenizer
+    inner, calls = tok._tok, []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def to_str(self, *args):
+            calls.append(1)
+            return inner.to_str(*args)
+
+    tok._tok = Counting()
+    try:
+        table = tok.token_bytes()
+    finally:
+        tok._tok = inner
+    assert len(calls) == 1 and len(table) == tok.vocab_size
+    assert table[tok.encode("hello")[0]] and b"".join(table[i] for i in tok.encode("hi there")) == b"hi there"

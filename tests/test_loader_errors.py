@@ -392,3 +392,18 @@ def test_no_tokenizer_token_id_apis_work(no_tokenizer_model, tiny_model):
 def test_no_tokenizer_text_apis_raise(no_tokenizer_model, call):
     with pytest.raises(lily.LilyError, match="tokenizer"):
         call(no_tokenizer_model)
+
+
+@pytest.mark.parametrize("delta", [-1, -8, 8])
+def test_header_length_off_by_a_few_bytes_is_refused(tiny_mlx_dir, tmp_path, delta):
+    """A header length that still points inside the file (its JSON padded with spaces)
+    would shift every tensor; the loader must notice that the data is not covered whole."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(tiny_mlx_dir, copy)
+    path = next(copy.glob("*.safetensors"))
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    raw[:8] = struct.pack("<Q", n + delta)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(lily.LilyError, match=r"corrupt safetensors header|invalid JSON"):
+        lily.Model.load(str(copy), device="cpu")

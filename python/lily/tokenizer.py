@@ -40,24 +40,21 @@ class Tokenizer:
 
     def token_bytes(self) -> list[bytes]:
         """The bytes each token id stands for (for stop-string matching in C++)."""
-        byte_level = _byte_level_decoder()
+        byte_level = _byte_level_decoder() if self._is_byte_level() else None
         added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
         table = []
         for i in range(self.vocab_size):
             piece = self._tok.id_to_token(i)
             if piece is None:
                 table.append(b"")
-            elif piece in added or not self._is_byte_level:
+            elif piece in added or byte_level is None:
                 table.append(self._tok.decode([i], skip_special_tokens=False).encode("utf-8", "replace"))
             else:
                 table.append(bytes(byte_level.get(ch, 0) for ch in piece))
         return table
 
-    @property
     def _is_byte_level(self) -> bool:
-        import json as _json
-
-        decoder = _json.loads(self._tok.to_str()).get("decoder") or {}
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
         return decoder.get("type") == "ByteLevel"
 
     def token_to_id(self, token: str) -> int | None:

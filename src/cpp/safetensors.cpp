@@ -136,6 +136,7 @@ void Checkpoint::add_file(const std::string& path) {
   if (!header.is_object()) fail(path, ": corrupt safetensors header (not a JSON object)");
   const uint8_t* base = file->data() + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) of every tensor
 
   for (const auto& [name, info] : header.members()) {
     if (name == "__metadata__") continue;
@@ -171,9 +172,23 @@ void Checkpoint::add_file(const std::string& path) {
           dt->as_string());
     t.data = base + begin;
     t.nbytes = end - begin;
+    ranges.emplace_back(begin, end);
     if (tensors_.count(name)) bad("appears in more than one file (also in " + tensors_[name].file + ")");
     tensors_.emplace(name, std::move(t));
   }
+  // The format indexes the data buffer whole, without holes or overlaps: anything else
+  // means a wrong header length or offsets, and reading on would give shifted weights.
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != covered)
+      fail(path, ": corrupt safetensors header: tensor data ", begin < covered ? "overlaps" : "leaves a hole",
+           " at byte ", std::to_string(std::min(begin, covered)), " of the data section");
+    covered = end;
+  }
+  if (covered != data_size)
+    fail(path, ": corrupt safetensors header: the tensors cover ", std::to_string(covered), " of the ",
+         std::to_string(data_size), " data bytes (wrong header length, or trailing bytes)");
   files_.push_back(std::move(file));
 }
 
