@@ -480,3 +480,18 @@ def test_token_bytes_reads_the_tokenizer_description_once(tiny_model):
         tok._tok = inner
     assert len(calls) == 1 and len(table) == tok.vocab_size
     assert table[tok.encode("hello")[0]] and b"".join(table[i] for i in tok.encode("hi there")) == b"hi there"
+
+
+def test_compact_snapshot_holds_only_its_positions_and_restores_exactly(tiny_model):
+    s = tiny_model.new_session(256)
+    s.prefill(list(range(1, 40)))
+    first = s.generate(max_tokens=5, ignore_eos=True).token_ids
+    snap = s.snapshot(compact=True)
+    assert snap._handle.max_context == len(s.tokens) == 44
+    after = s.generate(max_tokens=6, ignore_eos=True).token_ids
+    other = tiny_model.new_session(256)
+    other.restore(snap)
+    assert other.tokens == snap.tokens and other.generate(max_tokens=6, ignore_eos=True).token_ids == after
+    with pytest.raises(lily.LilyError, match="does not fit|room for"):
+        tiny_model.new_session(8).restore(snap)
+    assert first  # the snapshot included generated tokens

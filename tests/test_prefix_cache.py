@@ -36,7 +36,7 @@ class FakeSession:
         self.fed += ids[:-1]
         self.pending = ids[-1]
 
-    def snapshot(self) -> "FakeSession":
+    def snapshot(self, compact: bool = False) -> "FakeSession":
         s = FakeSession()
         s.fed, s.pending = list(self.fed), self.pending
         return s
@@ -171,7 +171,7 @@ def test_restored_prefix_generates_what_a_fresh_prefill_does(tiny_model):
     m = tiny_model
     history = m.encode("The quick brown fox jumps over the lazy dog. ")
     turn = m.encode("What did the fox do?")
-    cache = PrefixCache.for_model(m, 64 << 20, max_context=512)
+    cache = PrefixCache.for_model(m, 64 << 20)
     session = m.new_session(512)
     assert cache.prefill(session, history) == 0
     cache.prefill(session, m.encode("unrelated text"))

@@ -69,7 +69,7 @@ class Chat:
         self.messages: list[dict] = []
         context = args.context or model.max_context
         self.session = model.new_session(context)
-        self.cache = PrefixCache.for_model(model, max(args.cache_mb, 0) << 20, context)
+        self.cache = PrefixCache.for_model(model, max(args.cache_mb, 0) << 20)
         self._styled = out.isatty()
         self._stop_text = {i: model.decode([i]) for i in model.eos_token_ids}
         self._reasoning_shown = False  # reasoning printed and not yet followed by content

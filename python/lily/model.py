@@ -209,9 +209,12 @@ class Session:
             raise LilyError("logits: no tokens given")
         return self.model._engine.forward(self._handle, ids, True)
 
-    def snapshot(self) -> "Session":
-        """An independent copy of this session's state."""
-        return Session(self.model, self.model._engine.clone(self._handle))
+    def snapshot(self, compact: bool = False) -> "Session":
+        """An independent copy of this session's state. compact: room for only the
+        positions it holds (K/V memory grows with them), for snapshots that are only
+        restored, never continued."""
+        capacity = len(self.tokens) if compact else 0
+        return Session(self.model, self.model._engine.clone(self._handle, max(capacity, 1) if compact else 0))
 
     def restore(self, snapshot: "Session") -> None:
         """Returns this session to the state of a snapshot."""

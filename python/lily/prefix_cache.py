@@ -39,16 +39,15 @@ def snapshot_bytes(config: dict, positions: int, kv_bytes: int = 2, copies: int 
     return n_full * kv + n_linear * (conv + copies * recurrent) + copies * config["vocab_size"] * 4
 
 
-def model_snapshot_bytes(model, max_context: int) -> Callable[[int], int]:
+def model_snapshot_bytes(model) -> Callable[[int], int]:
     """entry_bytes for the model's executor: what one snapshot of n tokens really holds.
 
-    The cpu executor grows fp32 K/V with the positions; the cuda executor allocates bf16 K/V
-    for the session's whole context and double-buffers the recurrent state and logits.
+    Snapshots are compact (K/V for their own positions): fp32 on the cpu executor; bf16 on
+    the cuda executor, which also double-buffers the recurrent state and logits.
     """
     if model.device == "cpu":
         return lambda n: snapshot_bytes(model.config, n, kv_bytes=4)
-    whole = snapshot_bytes(model.config, max_context, kv_bytes=2, copies=2)
-    return lambda n: whole
+    return lambda n: snapshot_bytes(model.config, n + 1, kv_bytes=2, copies=2)
 
 
 @dataclass
@@ -83,14 +82,12 @@ class PrefixCache:
         self.stats = CacheStats()
 
     @classmethod
-    def for_model(cls, model, budget_bytes: int, max_context: int | None = None) -> "PrefixCache":
-        """A cache for sessions of `max_context` tokens (default: the model's)."""
-        context = max_context or model.max_context
-        # The blank state to reset to. The cpu executor's restore also copies the capacity
-        # (and its sessions grow as needed, so a full-size blank is small); the cuda executor
-        # keeps the destination's capacity, so a one-token blank saves a whole K/V allocation.
-        blank = model.new_session(context if model.device == "cpu" else 1)
-        return cls(blank, budget_bytes, model_snapshot_bytes(model, context))
+    def for_model(cls, model, budget_bytes: int) -> "PrefixCache":
+        """A cache of the model's sessions within budget_bytes."""
+        # The blank state to reset to: restore keeps the destination's capacity, so a
+        # one-position blank holds no K/V to speak of.
+        blank = model.new_session(1)
+        return cls(blank, budget_bytes, model_snapshot_bytes(model))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -127,7 +124,7 @@ class PrefixCache:
             _, (_, freed) = self._entries.popitem(last=False)
             self.nbytes -= freed
             self.stats.evicted += 1
-        self._entries[key] = (session.snapshot(), size)
+        self._entries[key] = (session.snapshot(compact=True), size)
         self.nbytes += size
         self.stats.stored += 1
         return True

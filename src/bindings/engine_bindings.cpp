@@ -269,10 +269,12 @@ class PyEngine {
     token_bytes_ = std::move(t);
   }
 
-  std::shared_ptr<PySession> clone(PySession& s) {
+  // capacity 0: the source's own max_context.
+  std::shared_ptr<PySession> clone(PySession& s, int64_t capacity) {
     s.check_idle();
     std::lock_guard<std::mutex> busy(state_->busy);
-    return std::make_shared<PySession>(state_, state_->executor->clone(*s.session));
+    const int64_t room = capacity > 0 ? capacity : s.session->max_context;
+    return std::make_shared<PySession>(state_, state_->executor->clone(*s.session, room));
   }
 
   void restore(PySession& dst, PySession& src) {
@@ -373,7 +375,7 @@ void register_engine(nb::module_& m) {
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
            nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})
       .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))
-      .def("clone", &PyEngine::clone)
+      .def("clone", &PyEngine::clone, nb::arg("session"), nb::arg("capacity") = 0)
       .def("restore", &PyEngine::restore)
       .def_prop_ro("config", &PyEngine::config)
       .def_prop_ro("device", &PyEngine::device)

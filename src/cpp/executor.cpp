@@ -20,6 +20,13 @@ void check_restore(const Session& dst, const Session& src) {
          std::to_string(dst.max_context));
 }
 
+void check_clone_capacity(const Session& src, int64_t capacity) {
+  const int64_t need = src.position() + (src.pending >= 0 ? 1 : 0);
+  if (capacity < std::max<int64_t>(need, 1))
+    fail("clone: capacity ", std::to_string(capacity), " is smaller than the ", std::to_string(need),
+         " positions the session holds");
+}
+
 void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits) {
   const ModelConfig& c = weights_->config;
   if (n <= 0) fail("forward: no tokens given");

@@ -60,9 +60,11 @@ class Executor {
   // Chooses up to max_tokens tokens, calling on_token for each.
   virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
 
-  // Snapshots: an independent copy of the session's state, and copying one back.
-  // restore keeps dst's own max_context and refuses a state that does not fit it.
-  virtual std::unique_ptr<Session> clone(const Session& s) = 0;
+  // Snapshots: an independent copy of the session's state with room for `capacity`
+  // positions (at least what s holds; a compact snapshot costs only its positions'
+  // K/V), and copying one back. restore keeps dst's own max_context and refuses a
+  // state that does not fit it.
+  virtual std::unique_ptr<Session> clone(const Session& s, int64_t capacity) = 0;
   virtual void restore(Session& dst, const Session& src) = 0;
 
   const ModelWeights& weights() const { return *weights_; }
@@ -80,5 +82,6 @@ class Executor {
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n);
 void check_restore(const Session& dst, const Session& src);
+void check_clone_capacity(const Session& src, int64_t capacity);
 
 }  // namespace lily

@@ -106,14 +106,16 @@ class CudaExecutor : public Executor {
     return std::make_unique<CudaSession>(weights_->config, max_context);
   }
 
-  std::unique_ptr<Session> clone(const Session& src) override {
+  std::unique_ptr<Session> clone(const Session& src, int64_t capacity) override {
+    check_clone_capacity(src, capacity);
     check(cudaSetDevice(device_), "cudaSetDevice");
-    auto dst = std::make_unique<CudaSession>(weights_->config, src.max_context);
+    auto dst = std::make_unique<CudaSession>(weights_->config, capacity);
     copy_session(*dst, cs(src));
     return dst;
   }
 
   void restore(Session& dst, const Session& src) override {
+    check_restore(dst, src);
     check(cudaSetDevice(device_), "cudaSetDevice");
     copy_session(cs(dst), cs(src));
   }

@@ -71,7 +71,7 @@ class Worker:
         self.context = context
         self.max_queue = max_queue
         self.session = model.new_session(context)
-        self.cache = PrefixCache.for_model(model, cache_bytes, context)
+        self.cache = PrefixCache.for_model(model, cache_bytes)
         self.stats = WorkerStats()
         self.waiting = 0
         self.running: Job | None = None

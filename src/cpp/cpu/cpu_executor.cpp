@@ -52,8 +52,11 @@ class CpuExecutor : public Executor {
     return s;
   }
 
-  std::unique_ptr<Session> clone(const Session& s) override {
-    return std::make_unique<CpuSession>(as_cpu(s, "clone"));
+  std::unique_ptr<Session> clone(const Session& s, int64_t capacity) override {
+    check_clone_capacity(s, capacity);
+    auto copy = std::make_unique<CpuSession>(as_cpu(s, "clone"));
+    copy->max_context = capacity;
+    return copy;
   }
 
   void restore(Session& dst, const Session& src) override {
