@@ -177,6 +177,19 @@ def test_clone_and_restore(engines):
     assert generate(gpu, s, 10)[0] == generate(gpu, c, 10)[0]
 
 
+def test_compact_clone_restores_exactly(engines):
+    """A snapshot sized to its positions (what the prefix cache stores) restores into a
+    full-size session and continues exactly as the original."""
+    _, gpu = engines
+    s = prefill(gpu, prompt(gpu, 50))
+    c = gpu.clone(s, s.position)
+    assert c.max_context == s.position
+    a, _ = generate(gpu, s, 20)
+    fresh = gpu.new_session(s.max_context)
+    gpu.restore(fresh, c)
+    assert generate(gpu, fresh, 20)[0] == a
+
+
 def test_seeded_sampling_is_reproducible_and_cut_to_one_is_greedy(engines):
     _, gpu = engines
     ids = prompt(gpu, 30)
