@@ -101,3 +101,19 @@ def test_errors_exit_2_with_a_message(tiny_mlx_dir, tmp_path, args, words):
 def test_usage_error_exits_2():
     r = run_lily("generate", "--max-tokens", "many")
     assert r.returncode == 2 and "usage:" in r.stderr
+
+
+def test_generate_reads_the_prompt_from_standard_input():
+    r = subprocess.run([sys.executable, "-m", "lily", "generate", "-n", "4", "-"], input="def add(a, b):",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "tok/s" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "x", "--think"], "--think needs --chat"),
+    (["generate", "x", "--temperature", "-1"], "temperature must be"),
+])
+def test_generate_refuses_contradictory_options(args, message):
+    r = run_lily(*args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -362,7 +362,7 @@ def test_a_tool_conversation_renders_history(client, tiny_model):
     assert r.usage.prompt_tokens == len(tiny_model.encode(text))
 
 
-def test_second_turn_prefills_only_the_new_turn(client, http, tiny_model):
+def test_second_turn_feeds_only_the_previous_reply_and_the_new_turn(client, http, tiny_model):
     first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     r1 = client.chat.completions.create(model="tiny", messages=first, temperature=0, max_tokens=12, extra_body=off)

@@ -1,7 +1,8 @@
 """`lily chat`: an interactive chat in the terminal, streamed, on one reused session.
 
-Each turn feeds only what the prefix cache does not hold (the history is not re-read), and
-prints prefill and decode speeds. Thinking is shown dimmed, or hidden with --hide-thinking.
+Each turn feeds only what the prefix cache does not hold: the previous reply as the chat
+template renders it and the new message, never the older history. Prints prefill and decode
+speeds. Thinking is shown dimmed, or hidden with --hide-thinking.
 Commands: /reset, /system [TEXT], /help, /exit. Ctrl-C stops a reply; Ctrl-D leaves.
 """
 

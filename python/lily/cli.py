@@ -33,15 +33,25 @@ def _sampling(args) -> dict:
 
 
 def cmd_generate(args) -> int:
+    from ._lily import LilyError
     from .model import Model
 
     model = Model.load(args.model, device=args.device)
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise LilyError("give a prompt (an argument, or '-' or a pipe for standard input)")
+        prompt = sys.stdin.read()
+    elif prompt == "-":
+        prompt = sys.stdin.read()
+    if args.think and not args.chat:
+        raise LilyError("--think needs --chat (thinking is part of the chat template)")
     kwargs = _sampling(args)
     if args.chat:
-        kwargs["messages"] = [{"role": "user", "content": args.prompt}]
+        kwargs["messages"] = [{"role": "user", "content": prompt}]
         kwargs["enable_thinking"] = args.think
     else:
-        kwargs["prompt"] = args.prompt
+        kwargs["prompt"] = prompt
     stream = model.generate(stream=True, **kwargs)
     for piece in stream:
         sys.stdout.write(piece.text)
@@ -97,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt, streamed")
     _add_model_args(g)
     _add_sampling_args(g)
-    g.add_argument("prompt", nargs="?", default="import os\n\n\ndef ")
+    g.add_argument("prompt", nargs="?", default=None, help="the prompt; '-' or a pipe reads standard input")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as a user message (default: raw text)")
     g.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
@@ -132,7 +142,9 @@ def _register_optional(sub, name: str) -> None:
 
     try:
         module = importlib.import_module(f"lily.{name}_cli")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as e:
+        if e.name != f"lily.{name}_cli":
+            raise
         return
     module.add_parser(sub)
 

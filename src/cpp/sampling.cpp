@@ -15,7 +15,8 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("min_p must be in [0, 1], got ", std::to_string(p.min_p));
   if (p.top_k < 0) fail("top_k must be >= 0, got ", std::to_string(p.top_k));
   if (!(p.repetition_penalty > 0.0f)) fail("repetition_penalty must be > 0, got ", std::to_string(p.repetition_penalty));
-  if (!std::isfinite(p.temperature)) fail("temperature must be finite");
+  if (!std::isfinite(p.temperature) || p.temperature < 0)
+    fail("temperature must be finite and >= 0 (0 is greedy), got ", std::to_string(p.temperature));
   if (!std::isfinite(p.presence_penalty)) fail("presence_penalty must be finite");
   if (!std::isfinite(p.frequency_penalty)) fail("frequency_penalty must be finite");
   if (!std::isfinite(p.repetition_penalty)) fail("repetition_penalty must be finite");
