@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--stop-after", type=int, default=None,
+                    help="stop after this many steps of the --steps schedule (reproduces a run that stopped early)")
     ap.add_argument("--max-minutes", type=float, default=14.0, help="stop early past this wall time")
     args = ap.parse_args()
 
@@ -186,6 +188,8 @@ def main() -> None:
                 entry["held_out_loss"] = held_out_loss()
             log["steps"].append(entry)
             print(json.dumps(entry), flush=True)
+        if args.stop_after is not None and step + 1 >= args.stop_after:
+            break
         if (time.time() - t_start) / 60 > args.max_minutes:
             print(f"stopping at step {step}: time budget reached", flush=True)
             break
