@@ -28,11 +28,18 @@ def cmd_bench(args) -> int:
         print(f"lily bench: error: unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}", file=sys.stderr)
         return 2
     try:
+        if args.lengths:
+            lengths = contract.parse_lengths(args.lengths)
+        elif args.device == "cpu":  # the CPU executor would need hours for the 128K arms
+            lengths = list(contract.CPU_DEFAULT_LENGTHS)
+            print(f"lily bench: --device cpu: lengths {','.join(map(contract.length_label, lengths))} "
+                  "(pass --lengths for more)", file=sys.stderr)
+        else:
+            lengths = list(contract.DEFAULT_LENGTHS)
         plan = sweep.Plan(
             synthetic=args.synthetic, model=args.model, out=Path(args.out) if args.out else default_out(),
-            device=args.device, peers=peers, lengths=contract.parse_lengths(args.lengths) if args.lengths else
-            list(contract.DEFAULT_LENGTHS), phase=args.phase, decode_steps=args.decode_steps, rounds=args.rounds,
-            seed=args.seed, prefill_chunk=args.prefill_chunk, arm_timeout=args.arm_timeout, resume=args.resume)
+            device=args.device, peers=peers, lengths=lengths, phase=args.phase, decode_steps=args.decode_steps,
+            rounds=args.rounds, seed=args.seed, prefill_chunk=args.prefill_chunk, arm_timeout=args.arm_timeout, resume=args.resume)
         return sweep.run(plan)
     except (ValueError, sweep.SweepError) as e:
         print(f"lily bench: error: {e}", file=sys.stderr)
@@ -54,7 +61,7 @@ def cmd_consistency(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from .bench.contract import DECODE_STEPS, DEFAULT_LENGTHS, length_label
+    from .bench.contract import CPU_DEFAULT_LENGTHS, DECODE_STEPS, DEFAULT_LENGTHS, length_label
     from .bench.references import REFERENCES
     from .bench.runners import PEERS
     from .bench.target import SYNTHETIC_SIZES
@@ -68,7 +75,8 @@ def add_parser(sub) -> None:
     source.add_argument("-m", "--model", help="checkpoint directory, built-in name or Hub repo id")
     b.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     b.add_argument("--lengths", help="comma-separated prompt/context lengths, K = 1024 "
-                                     f"(default: {','.join(map(length_label, DEFAULT_LENGTHS))})")
+                                     f"(default: {','.join(map(length_label, DEFAULT_LENGTHS))}; "
+                                     f"on cpu {','.join(map(length_label, CPU_DEFAULT_LENGTHS))})")
     b.add_argument("--phase", choices=["prefill", "decode", "both"], default="both")
     b.add_argument("--decode-steps", type=int, default=DECODE_STEPS)
     b.add_argument("--compare", action="append", metavar="PEER",

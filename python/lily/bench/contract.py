@@ -9,6 +9,7 @@ from ..consistency import benchmark_tokens
 
 K = 1024
 DEFAULT_LENGTHS = (256, 512, K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K)
+CPU_DEFAULT_LENGTHS = (256, 512, K, 2 * K)  # the CPU executor's long arms would take hours
 DECODE_STEPS = 64
 DRIFT_LIMIT = 0.03  # round-to-round spread at or above this refuses the run
 MARKER = "@lily-bench "  # starts the one JSON line an arm or ceilings process prints
