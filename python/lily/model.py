@@ -142,7 +142,7 @@ class Model:
         if isinstance(prompt, str):
             return self.encode(prompt)
         ids = np.asarray(prompt)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) and ids.size:
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise LilyError("prompt must be text or a 1-D sequence of token ids")
         return [int(t) for t in ids]
 
