@@ -213,8 +213,8 @@ class Session:
         """An independent copy of this session's state. compact: room for only the
         positions it holds (K/V memory grows with them), for snapshots that are only
         restored, never continued."""
-        capacity = len(self.tokens) if compact else 0
-        return Session(self.model, self.model._engine.clone(self._handle, max(capacity, 1) if compact else 0))
+        capacity = max(len(self.tokens), 1) if compact else 0  # 0: this session's own capacity
+        return Session(self.model, self.model._engine.clone(self._handle, capacity))
 
     def restore(self, snapshot: "Session") -> None:
         """Returns this session to the state of a snapshot."""
