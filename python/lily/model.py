@@ -80,6 +80,13 @@ class Model:
         tokenizer = Tokenizer(directory) if (directory / "tokenizer.json").exists() else None
         return cls(engine, directory, tokenizer)
 
+    @classmethod
+    def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 512) -> "Model":
+        """A model with random 4-bit weights for a config.json (benchmarks at full size
+        without a checkpoint file); no tokenizer, so it takes token ids only."""
+        engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)
+        return cls(engine, Path(config_json).parent, None)
+
     @property
     def device(self) -> str:
         return self._engine.device

@@ -10,12 +10,11 @@ class LilyRunner:
     name = "lily"
 
     def __init__(self, target: Target, device: str, options: RunOptions):
-        from .. import _lily
         from ..model import Model
 
         if target.random_weights:  # generated in memory: no 19 GB checkpoint to write or read
-            engine = _lily.Engine.random(str(target.config_path), device, options.seed, options.prefill_chunk)
-            self.model = Model(engine, target.config_path.parent, None)
+            self.model = Model.random(str(target.config_path), device, seed=options.seed,
+                                      prefill_chunk=options.prefill_chunk)
         else:
             self.model = Model.load(str(target.checkpoint), device=device, prefill_chunk=options.prefill_chunk)
 
