@@ -424,7 +424,7 @@ def test_bad_device(tiny_mlx_dir):
 
 def test_bad_prefill_chunk(tiny_mlx_dir):
     with pytest.raises(lily.LilyError, match="prefill_chunk"):
-        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=0)
+        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=-1)
 
 
 def test_missing_model_directory(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 import lily
 from lily import _lily
-from lily.consistency import benchmark_tokens
+from lily.consistency import benchmark_tokens, kl_divergence, top1_agreement
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,21 +59,78 @@ def test_device_name(engines):
     assert engines[1].device.startswith("cuda")
 
 
+def assert_consistent(ref, got, what: str = ""):
+    """BENCHMARK.md's teacher-forced metrics against the fp32 CPU reference. The prefill
+    route feeds bf16 activations to its tensor-core GEMMs (as MLX does), the decode step
+    ~16-bit ones, and the cache holds bf16 K/V: a bf16 engine's bounds, not fp32's."""
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    kl = kl_divergence(ref, got)
+    top1 = top1_agreement(ref, got)
+    assert kl.mean() <= 5e-3 and top1 >= 0.95, f"{what}: mean KL {kl.mean():.3g} (max {kl.max():.3g} at {kl.argmax()}), top-1 {top1:.3f}"
+
+
 @pytest.mark.parametrize("n", [1, 96, 600])
 def test_teacher_forced_logits_match_cpu(engines, n):
-    """Every position's logits; 600 tokens take the split-K attention route."""
+    """Every position's logits; 600 tokens take the split-K attention route of decode."""
     cpu, gpu = engines
     ids = prompt(cpu, n)
     ref = cpu.forward(cpu.new_session(n), ids, all_logits=True)
     got = gpu.forward(gpu.new_session(n), ids, all_logits=True)
-    assert got.shape == ref.shape and np.isfinite(got).all()
-    # The cache holds bf16 K/V (the CPU reference fp32), and a trained model's discrete
-    # routing can flip on such a difference at a rare position: bound the typical and
-    # the worst position separately.
-    err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
-    assert np.median(err) < 5e-3 and err.max() < 0.1, f"median {np.median(err):.3g}, worst {err.max():.3g} at {err.argmax()}"
-    agree = (got.argmax(1) == ref.argmax(1)).mean()
-    assert agree >= 0.97
+    assert_consistent(ref, got, f"{n} tokens")
+
+
+def test_prefill_route_is_chunked(engines):
+    assert engines[1].prefill_route == "chunked"
+
+
+def engine_with(request_path, monkeypatch, chunk: int = 0, **env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(v))
+    return _lily.Engine(request_path, "cuda", chunk)
+
+
+@pytest.fixture(params=["synthetic", "lily-tiny"])
+def model_path(request, tiny_mlx_dir):
+    return str(tiny_mlx_dir) if request.param == "synthetic" else str(LILY_TINY)
+
+
+@pytest.mark.parametrize("chunk", [37, 128])
+def test_prefill_in_chunks_matches_cpu(model_path, monkeypatch, chunk):
+    """Chunks carry the KV cache, conv ring and recurrent state: 300 tokens in chunks of
+    37 or 128 against the CPU reference, teacher-forced."""
+    cpu = _lily.Engine(model_path, "cpu")
+    gpu = engine_with(model_path, monkeypatch, chunk)
+    ids = prompt(cpu, 300)
+    ref = cpu.forward(cpu.new_session(300), ids, all_logits=True)
+    got = gpu.forward(gpu.new_session(300), ids, all_logits=True)
+    assert_consistent(ref, got, f"chunks of {chunk}")
+
+
+def test_prefill_matches_the_decode_step(model_path, monkeypatch):
+    """The chunked route against the token-by-token route on the same GPU."""
+    ids = prompt(_lily.Engine(model_path, "cpu"), 200)
+    fast = engine_with(model_path, monkeypatch)
+    slow = engine_with(model_path, monkeypatch, LILY_CUDA_PREFILL=0)
+    assert slow.prefill_route.startswith("token by token")
+    a = fast.forward(fast.new_session(256), ids, all_logits=True)
+    b = slow.forward(slow.new_session(256), ids, all_logits=True)
+    assert_consistent(b, a, "chunked vs token by token")
+    s, t = fast.new_session(256), slow.new_session(256)
+    fast.forward(s, ids)
+    slow.forward(t, ids)
+    assert generate(fast, s, 8)[0][:2] == generate(slow, t, 8)[0][:2]
+
+
+@pytest.mark.parametrize("env", [{"LILY_PREFILL_MOE_TILE": 16}, {"LILY_PREFILL_MOE_TILE": 32},
+                                 {"LILY_PREFILL_MOE_TILE": 128}, {"LILY_PREFILL_HOST_ROUTING": 1}])
+def test_prefill_ablations_are_bit_identical(model_path, monkeypatch, env):
+    """Tile sizes and host-side routing change the schedule, never the arithmetic of a row."""
+    ids = prompt(_lily.Engine(model_path, "cpu"), 150)
+    base = engine_with(model_path, monkeypatch, LILY_PREFILL_MOE_TILE=64)
+    want = base.forward(base.new_session(150), ids, all_logits=True)
+    monkeypatch.delenv("LILY_PREFILL_MOE_TILE")
+    other = engine_with(model_path, monkeypatch, **env)
+    np.testing.assert_array_equal(other.forward(other.new_session(150), ids, all_logits=True), want)
 
 
 def test_last_logits_independent_of_chunking(engines):
@@ -83,7 +140,9 @@ def test_last_logits_independent_of_chunking(engines):
     s = gpu.new_session(100)
     gpu.forward(s, ids[:33])
     two = gpu.forward(s, ids[33:])
-    np.testing.assert_array_equal(one, two)
+    # fp32 sums are split differently for other chunk lengths (router slices, attention
+    # key splits): equal up to rounding.
+    assert np.linalg.norm(one - two) <= 5e-3 * np.linalg.norm(one) and one.argmax() == two.argmax()
 
 
 def test_greedy_tokens_are_cpu_argmax(engines):
@@ -96,7 +155,7 @@ def test_greedy_tokens_are_cpu_argmax(engines):
     ref = cpu.forward(cpu.new_session(len(seq)), seq, all_logits=True)[len(ids) - 1:]
     for i, t in enumerate(toks):
         gap = ref[i].max() - ref[i][t]
-        assert gap <= 1e-2 * ref[i].std(), f"token {i}: {t} is {gap:.3g} below the CPU maximum"
+        assert gap <= 3e-2 * ref[i].std(), f"token {i}: {t} is {gap:.3g} below the CPU maximum"
 
 
 def test_generation_continues_exactly(engines):
@@ -117,7 +176,8 @@ def test_forward_after_generate_feeds_the_pending_token(engines):
     more = prompt(gpu, 7, offset=100)
     got = gpu.forward(s, more)
     want = gpu.forward(gpu.new_session(64), np.concatenate([ids, np.asarray(toks, np.int32), more]))
-    np.testing.assert_array_equal(got, want)
+    # Decode steps keep activations near fp32, prefill GEMMs take them in bf16: close, not equal.
+    assert np.linalg.norm(got - want) <= 2e-2 * np.linalg.norm(want) and got.argmax() == want.argmax()
 
 
 def test_stop_id_ends_and_leaves_the_session_intact(engines):

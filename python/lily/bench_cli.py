@@ -86,7 +86,7 @@ def add_parser(sub) -> None:
     b.add_argument("--out", help="output directory (default: docs/benchmarks/latest in a lily checkout, "
                                  "else ./bench-out)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    b.add_argument("--prefill-chunk", type=int, default=512, help="lily's prefill chunk (default: 512)")
+    b.add_argument("--prefill-chunk", type=int, default=0, help="lily's prefill chunk in tokens (default 0: the device's own, CPU 512, CUDA 4096)")
     b.add_argument("--arm-timeout", type=float, default=3600, help="seconds one arm may take (default: 3600)")
     b.add_argument("--resume", action="store_true",
                    help="keep the measured arms of an interrupted sweep in --out and run only the others")

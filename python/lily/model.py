@@ -68,12 +68,14 @@ class Model:
         path_or_repo: str,
         device: str = "auto",
         *,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = 0,
         revision: str | None = None,
     ) -> "Model":
         """Loads a local checkpoint directory, a built-in name or a Hub repo id.
 
         device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+        prefill_chunk: tokens per prefill chunk (0: the device's default, 512 on CPU and
+        4096 on CUDA); memory for activations grows with it, never with the prompt.
         """
         directory = hub.resolve(path_or_repo, revision)
         engine = _lily.Engine(str(directory), device, prefill_chunk)
@@ -81,7 +83,7 @@ class Model:
         return cls(engine, directory, tokenizer)
 
     @classmethod
-    def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 512) -> "Model":
+    def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 0) -> "Model":
         """A model with random 4-bit weights for a config.json (benchmarks at full size
         without a checkpoint file); no tokenizer, so it takes token ids only."""
         engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)

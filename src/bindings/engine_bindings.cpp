@@ -203,12 +203,12 @@ class PyEngine {
  public:
   template <typename Load>
   PyEngine(Load load, const std::string& device, int64_t prefill_chunk) {
-    if (prefill_chunk <= 0) fail("prefill_chunk must be positive, got ", std::to_string(prefill_chunk));
+    if (prefill_chunk < 0) fail("prefill_chunk must be positive (or 0: the device's default), got ", std::to_string(prefill_chunk));
     state_ = std::make_shared<EngineState>();
     nb::gil_scoped_release release;
     state_->weights = load();
     state_->executor = make_executor(state_->weights, device);
-    state_->executor->prefill_chunk = prefill_chunk;
+    if (prefill_chunk > 0) state_->executor->prefill_chunk = prefill_chunk;
   }
 
   PyEngine(const std::string& path, const std::string& device, int64_t prefill_chunk)
@@ -317,6 +317,7 @@ class PyEngine {
   }
 
   std::string device() const { return state_->executor->device_name(); }
+  std::string prefill_route() const { return state_->executor->prefill_route(); }
   std::string source_layout() const { return state_->weights->source_layout; }
   size_t weight_bytes() const { return state_->weights->nbytes(); }
   int64_t prefill_chunk() const { return state_->executor->prefill_chunk; }
@@ -367,9 +368,9 @@ void register_engine(nb::module_& m) {
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
-           nb::arg("prefill_chunk") = 512)
+           nb::arg("prefill_chunk") = 0)
       .def_static("random", &PyEngine::random, nb::arg("config_path"), nb::arg("device") = "auto",
-                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 512, nb::rv_policy::take_ownership)
+                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 0, nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
@@ -379,6 +380,7 @@ void register_engine(nb::module_& m) {
       .def("restore", &PyEngine::restore)
       .def_prop_ro("config", &PyEngine::config)
       .def_prop_ro("device", &PyEngine::device)
+      .def_prop_ro("prefill_route", &PyEngine::prefill_route)
       .def_prop_ro("source_layout", &PyEngine::source_layout)
       .def_prop_ro("weight_bytes", &PyEngine::weight_bytes)
       .def_prop_rw("prefill_chunk", &PyEngine::prefill_chunk, &PyEngine::set_prefill_chunk);

@@ -49,6 +49,9 @@ class Executor {
   virtual ~Executor() = default;
 
   virtual std::string device_name() const = 0;
+  // How prompts are fed: "chunked" (whole chunks through each layer), or "token by
+  // token (reason)" where an executor must fall back to its decode step.
+  virtual std::string prefill_route() const { return "chunked"; }
   virtual std::unique_ptr<Session> new_session(int64_t max_context) = 0;
 
   // Feeds n tokens (in chunks of at most prefill_chunk), appending them to the session

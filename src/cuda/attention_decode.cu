@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kWarps = 8;    // G <= 8 query heads per KV head
 constexpr int kTile = 4;     // keys per warp per step of the online softmax
+constexpr int kMaxSplits = 256;  // blocks per KV head at most (long contexts: 2 x 256 blocks keep every SM streaming)
 
 // DPL = D/32 bf16 values per lane, loaded as one 4/8/16-byte vector (L2 only: the
 // newest row was written by this block during this launch).
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_merge_kernel(AttnArgs a
   constexpr int DPL = D / 32;
   const int hq = blockIdx.x, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float w_s[64], red[kWarps][D], total[1];
+  __shared__ float w_s[kMaxSplits], red[kWarps][D], total[1];
   pdl_wait();
   if (halt && *halt) return;
   const int L = *a.pos + 1;
@@ -283,8 +284,8 @@ void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream) {
   const int dpl = a.D / 32, half = a.rot_dim / 2;
   if (a.rot_dim <= 0 || a.rot_dim > a.D || half % dpl != 0 || ((half / dpl) & (half / dpl - 1)) != 0)
     fail("attention_decode: rotary dim ", std::to_string(a.rot_dim), " does not fit head dim ", std::to_string(a.D));
-  if (a.max_splits < 1 || a.max_splits > 64 || a.min_chunk < 1)
-    fail("attention_decode: max_splits must be in [1, 64], min_chunk positive");
+  if (a.max_splits < 1 || a.max_splits > kMaxSplits || a.min_chunk < 1)
+    fail("attention_decode: max_splits must be in [1, ", std::to_string(kMaxSplits), "], min_chunk positive");
   const dim3 grid(a.Hkv, a.max_splits), block(kWarps * 32);
   switch (a.D) {
     case 64:

@@ -1,5 +1,7 @@
-// The CUDA executor: sessions on the device, prefill token by token through the decode
-// step, and generate() as an on-device loop (see generate() below for the hand-off).
+// The CUDA executor: sessions on the device, prefill of whole chunks (prefill_step.h;
+// token by token through the decode step for 1-token feeds, or where a model's matrices
+// do not fit the prefill kernels), and generate() as an on-device loop (see generate()
+// below for the hand-off).
 #include "cuda_executor.h"
 
 #include <algorithm>
@@ -7,6 +9,9 @@
 #include <map>
 
 #include "decode_step.h"
+#include "env.h"
+#include "lm_head.h"
+#include "prefill_step.h"
 #include "error.h"
 
 namespace lily {
@@ -26,6 +31,7 @@ class CudaSession : public Session {
  public:
   CudaSession(const ModelConfig& c, int64_t ctx) {
     max_context = ctx;
+    dev.ctx = static_cast<int>(ctx);
     const size_t kv_bytes = static_cast<size_t>(ctx) * c.attn_kv_dim() * 2;
     const size_t ring_floats = 4 * static_cast<size_t>(c.gdn_conv_dim());
     const size_t state_floats = static_cast<size_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
@@ -90,6 +96,15 @@ class CudaExecutor : public Executor {
     dw_ = std::make_unique<DeviceWeights>(*weights_);
     ws_ = std::make_unique<Workspace>(weights_->config);
     reserve_staging(64);
+    prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096);
+    prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2);
+    popt_ = PrefillOptions::from_env();
+    if (env_int("LILY_CUDA_PREFILL", 1) == 0)
+      prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
+    else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
+      prefill_route_ = "token by token (" + why + ")";
+    else
+      prefill_route_ = "chunked";
   }
   ~CudaExecutor() override {
     cudaSetDevice(device_);
@@ -100,6 +115,7 @@ class CudaExecutor : public Executor {
   }
 
   std::string device_name() const override { return name_; }
+  std::string prefill_route() const override { return prefill_route_; }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
@@ -129,6 +145,7 @@ class CudaExecutor : public Executor {
   cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
   void copy_session(CudaSession& dst, const CudaSession& src);
+  void prefill(CudaSession& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits);
   void reserve_staging(int64_t n);
   void upload_ctl(const CudaSession& s, const GenerateRequest& req);
 
@@ -140,6 +157,10 @@ class CudaExecutor : public Executor {
   std::unique_ptr<Workspace> ws_;
   int32_t* staging_ = nullptr;  // pinned token ids for host-to-device copies
   int64_t staging_cap_ = 0;
+  std::string prefill_route_;
+  int prefill_min_ = 2;  // shorter feeds run through the decode step
+  PrefillOptions popt_;
+  std::unique_ptr<PrefillWorkspace> pws_;
 };
 
 void CudaExecutor::reserve_staging(int64_t n) {
@@ -180,10 +201,53 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice ho
   return exec;
 }
 
+// One chunk through prefill_step: tokens up, every layer over the chunk, the new
+// position written, then the last row's logits (and, teacher-forced, every row's).
+void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) {
+  const ModelConfig& c = weights_->config;
+  const int64_t V = c.vocab_size;
+  const int T = static_cast<int>(n), pos0 = static_cast<int>(s.position());
+  if (!pws_ || pws_->capacity < T) {  // grows to the chunk size at most, in powers of two
+    pws_.reset();
+    int cap = 64;
+    while (cap < T) cap *= 2;
+    pws_ = std::make_unique<PrefillWorkspace>(c, static_cast<int>(std::min<int64_t>(cap, std::max<int64_t>(prefill_chunk, T))));
+  }
+  reserve_staging(n + 1);
+  std::copy(tokens, tokens + n, staging_);
+  staging_[n] = pos0 + T;
+  check(cudaMemcpyAsync(pws_->tokens, staging_, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (prompt)");
+  enqueue_prefill(c, *dw_, *pws_, popt_, s.dev, s.parity, pos0, T, stream_);
+  check(cudaMemcpyAsync(s.dev.pos, staging_ + n, sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (position)");
+  if (all_logits)
+    for (int row0 = 0; row0 < T; row0 += PrefillWorkspace::kLogitRows) {
+      const int rows = std::min(PrefillWorkspace::kLogitRows, T - row0);
+      enqueue_logit_rows(c, *dw_, *pws_, row0, rows, stream_);
+      check(cudaMemcpyAsync(all_logits + row0 * V, pws_->logits, rows * V * 4, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (logits)");
+    }
+  HeadArgs h;
+  h.W = dw_->lm_head;
+  h.X.mode = XMode::RmsNorm;
+  h.X.x = pws_->h + static_cast<size_t>(T - 1) * c.hidden_size;
+  h.X.w = dw_->final_norm;
+  h.X.eps = c.rms_norm_eps;
+  h.logits = s.dev.logits[s.parity];
+  h.partial = ws_->head_partial;
+  h.counter = ws_->head_counter;
+  lm_head(h, nullptr, stream_);
+  check(cudaMemcpyAsync(last_logits, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (logits)");
+  check(cudaStreamSynchronize(stream_), "prefill");
+}
+
 void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n, float* last_logits,
                                  float* all_logits) {
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
+  if (prefill_route_ == "chunked" && n >= prefill_min_) {
+    prefill(s, tokens, n, last_logits, all_logits);
+    return;
+  }
   const int64_t V = weights_->config.vocab_size;
   for (int p = 0; p < 2; ++p) {  // capture before anything is queued
     graph(s, Graph::Body, p, Choice::Greedy);

@@ -20,6 +20,7 @@ struct SessionState {
   std::vector<float*> state[2];             // per linear layer, double-buffered [Hv*Dk*Dv]
   float* logits[2] = {nullptr, nullptr};    // [V]; logits[parity] hold the current ones
   int* pos = nullptr;                       // tokens fed so far
+  int ctx = 0;                              // positions the KV cache holds
 };
 
 // Scratch of one executor (one forward or generation runs at a time).
@@ -34,7 +35,7 @@ class Workspace {
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
-  int max_splits = 64, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
+  int max_splits = 256, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
 
  private:
   std::vector<DeviceBuffer> owned_;

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=contract.DECODE_STEPS + 1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--prefill-chunk", type=int, default=0)
     args = p.parse_args(argv)
     try:
         if args.check:

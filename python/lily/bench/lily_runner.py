@@ -27,7 +27,8 @@ class LilyRunner:
 
         engine = self.model._engine
         return {"device": self.model.device, "weights": engine.source_layout, "weight_bytes": engine.weight_bytes,
-                "prefill_chunk": engine.prefill_chunk, "cpu_threads": _lily.num_threads()}
+                "prefill_chunk": engine.prefill_chunk, "prefill_route": engine.prefill_route,
+                "cpu_threads": _lily.num_threads()}
 
     def run(self, prompt: list[int], new_tokens: int) -> Timing:
         session = self.model.new_session(len(prompt) + new_tokens)

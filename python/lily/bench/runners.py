@@ -33,7 +33,7 @@ class Timing:
 @dataclass
 class RunOptions:
     seed: int = 0
-    prefill_chunk: int = 512
+    prefill_chunk: int = 0
 
 
 def runner_class(name: str):

@@ -39,7 +39,7 @@ class Plan:
     decode_steps: int = contract.DECODE_STEPS
     rounds: int = 1
     seed: int = 0
-    prefill_chunk: int = 512
+    prefill_chunk: int = 0
     arm_timeout: float = 3600.0
     resume: bool = False  # keep the measured arms of an interrupted sweep in `out`; run the rest
 

@@ -1,6 +1,9 @@
 // Standalone tests of the CUDA kernels against fp64 references (built and run by
 // scripts/gpu_check.sh; CMake does not build this folder). Usage:
-//   kernel_tests [--long] [--bench]   (--long: attention at position 262,143)
+//   kernel_tests [--suite NAME] [--long]
+// --suite runs one suite (scripts/gpu_check.sh runs each in its own process, so a
+// kernel fault in one suite does not hide the others); --long: attention at position
+// 262,143. Kernel timings: benchmarks/ops/run.sh.
 #include <cstring>
 
 #include "test_util.h"
@@ -9,26 +12,48 @@ namespace lily::cuda::test {
 void run_gemv_moe_tests();
 void run_sequence_tests(bool long_context);
 void run_head_tests();
-void run_kernel_bench();
+void run_qgemm_tests();
+void run_moe_prefill_tests();
+void run_gdn_prefill_tests();
+void run_attention_prefill_tests();
 }  // namespace lily::cuda::test
 
 int main(int argc, char** argv) {
   using namespace lily::cuda::test;
-  bool bench = false, long_context = false;
+  bool long_context = false;
+  const char* suite = nullptr;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--bench")) bench = true;
     if (!std::strcmp(argv[i], "--long")) long_context = true;
+    if (!std::strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[++i];
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  const struct {
+    const char* name;
+    void (*run)(bool);
+  } suites[] = {
+      {"gemv_moe", [](bool) { run_gemv_moe_tests(); }},
+      {"sequence", [](bool l) { run_sequence_tests(l); }},
+      {"head", [](bool) { run_head_tests(); }},
+      {"qgemm", [](bool) { run_qgemm_tests(); }},
+      {"moe_prefill", [](bool) { run_moe_prefill_tests(); }},
+      {"gdn_prefill", [](bool) { run_gdn_prefill_tests(); }},
+      {"attention_prefill", [](bool) { run_attention_prefill_tests(); }},
+  };
+  bool found = suite == nullptr;
   try {
-    run_gemv_moe_tests();
-    run_sequence_tests(long_context);
-    run_head_tests();
-    if (bench) run_kernel_bench();
+    for (const auto& s : suites)
+      if (!suite || !std::strcmp(suite, s.name)) {
+        found = true;
+        s.run(long_context);
+      }
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
+    return 1;
+  }
+  if (!found) {
+    std::printf("FAIL unknown suite %s\n", suite);
     return 1;
   }
   std::printf("\n%d failure(s)\n", g_failures);

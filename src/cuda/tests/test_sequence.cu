@@ -207,7 +207,8 @@ void run_sequence_tests(bool long_context) {
   test_attention({16, 2, 256, 64, 64}, 300, 0, 33);  // 35B routing: one block up to 64 keys
   test_attention({8, 8, 128, 4, 8}, 100, 0, 34);    // G = 1
   test_attention({8, 1, 128, 3, 7}, 90, 0, 35);     // G = 8, odd split count
-  if (long_context) test_attention({16, 2, 256, 64, 64}, 0, 262143, 36);
+  test_attention({16, 2, 256, 256, 2}, 0, 3000, 37);  // 256 splits, merge over all of them
+  if (long_context) test_attention({16, 2, 256, 256, 64}, 0, 262143, 36);
 }
 
 }  // namespace lily::cuda::test

@@ -1,0 +1,334 @@
+#include "prefill_step.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attention_prefill.h"
+#include "embed_rows.h"
+#include "env.h"
+#include "error.h"
+#include "gdn_conv_prefill.h"
+#include "gdn_gated_norm.h"
+#include "gdn_scan_prefill.h"
+#include "lm_head.h"
+#include "moe_combine.h"
+#include "moe_route_prefill.h"
+#include "qgemm.h"
+#include "rmsnorm_rows.h"
+
+namespace lily::cuda {
+namespace {
+
+// Rows per grouped-GEMM tile from the rows an expert receives on average (T*k/E):
+// small tiles waste no tensor-core rows on lightly loaded experts, large tiles re-read
+// each expert's weights fewer times once experts are full.
+int moe_tile_rows(const ModelConfig& c, int T, const PrefillOptions& opt) {
+  if (opt.moe_tile) return opt.moe_tile;
+  const int64_t per_expert = static_cast<int64_t>(T) * c.num_experts_per_tok / c.num_experts;
+  return per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : per_expert <= 160 ? 64 : 128;
+}
+
+// The ablation of GPU-resident routing: the host reads the expert counts back, waits,
+// and builds the tile list itself (what an engine without device-side routing does once
+// per layer). The list equals the device's, so results are bit-identical.
+void host_tile_list(PrefillWorkspace& ws, int E, int rows, int max_tiles, cudaStream_t stream) {
+  std::vector<int> counts(E);
+  check(cudaMemcpyAsync(counts.data(), ws.counts, E * sizeof(int), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (counts)");
+  check(cudaStreamSynchronize(stream), "prefill routing (host round trip)");
+  std::vector<int4> tiles;
+  int sum = 0;
+  for (int e = 0; e < E; sum += counts[e], ++e)
+    for (int r = 0; r < counts[e]; r += ws.tile_m) tiles.push_back(make_int4(e, sum + r, std::min(ws.tile_m, counts[e] - r), 0));
+  if (sum != rows || static_cast<int>(tiles.size()) > max_tiles)
+    fail("prefill routing: the expert counts do not add up to the routed rows");
+  const int n = static_cast<int>(tiles.size());
+  check(cudaMemcpy(ws.tiles, tiles.data(), n * sizeof(int4), cudaMemcpyHostToDevice), "cudaMemcpy (tiles)");
+  check(cudaMemcpy(ws.n_tiles, &n, sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy (tile count)");
+}
+
+// Dense-GEMM tile rows by chunk length: enough row tiles to fill the GPU.
+int dense_tile_rows(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 256 ? 64 : 128; }
+
+GemmArgs dense(const QMat& W, const uint16_t* x, int ldx, int T) {
+  GemmArgs g;
+  g.W = W;
+  g.x = x;
+  g.ldx = ldx;
+  g.M = T;
+  return g;
+}
+
+}  // namespace
+
+PrefillOptions PrefillOptions::from_env() {
+  PrefillOptions o;
+  o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0);
+  if (o.moe_tile != 0 && o.moe_tile != 16 && o.moe_tile != 32 && o.moe_tile != 64 && o.moe_tile != 128)
+    fail("LILY_PREFILL_MOE_TILE must be 16, 32, 64 or 128, got ", std::to_string(o.moe_tile));
+  o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
+  return o;
+}
+
+template <typename T>
+T* PrefillWorkspace::alloc(size_t n, const char* what) {
+  owned_.emplace_back(std::max<size_t>(n, 1) * sizeof(T), what);
+  return owned_.back().as<T>();
+}
+
+PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap) : capacity(cap) {
+  const size_t T = cap, H = c.hidden_size, k = c.num_experts_per_tok, E = c.num_experts;
+  const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
+  const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
+  const size_t x_cols = std::max<size_t>({H, static_cast<size_t>(c.gdn_value_dim()), static_cast<size_t>(c.attn_q_dim())});
+  tokens = alloc<int>(T, "prefill tokens");
+  h = alloc<float>(T * H, "prefill residual");
+  xb = alloc<uint16_t>(T * x_cols, "prefill GEMM input");
+  xf = alloc<float>(T * H, "prefill router input");
+  proj = alloc<float>(T * std::max(gdn_rows, attn_rows), "prefill projections");
+  if (c.num_linear_layers() > 0) {
+    const size_t key = c.gdn_key_dim(), val = c.gdn_value_dim(), Hv = c.linear_num_value_heads;
+    q = alloc<float>(T * key, "prefill GDN q");
+    this->k = alloc<float>(T * key, "prefill GDN k");
+    v = alloc<float>(T * val, "prefill GDN v");
+    beta = alloc<float>(T * Hv, "prefill GDN beta");
+    decay = alloc<float>(T * Hv, "prefill GDN decay");
+    o = alloc<float>(T * val, "prefill GDN output");
+  }
+  if (c.num_full_layers() > 0) {
+    attn_scratch_bytes = attention_prefill_scratch_bytes(cap, c.num_attention_heads, c.head_dim);
+    attn_scratch = alloc<unsigned char>(attn_scratch_bytes, "prefill attention scratch");
+  }
+  route_w = alloc<float>(T * k, "prefill routing weights");
+  shared_logit = alloc<float>(T, "prefill shared-expert gate");
+  expert_ids = alloc<int>(T * k, "prefill expert ids");
+  counts = alloc<int>(E, "prefill expert counts");
+  offsets = alloc<int>(E + 1, "prefill expert offsets");
+  cursor = alloc<int>(E, "prefill expert cursors");
+  route_counter = alloc<unsigned>(1, "prefill routing counter");
+  router_partials = alloc<float>(moe_router_partial_floats(cap, static_cast<int>(E)), "prefill router partials");
+  x_rows = alloc<int>(T * k, "prefill routed rows");
+  y_rows = alloc<int>(T * k, "prefill routed slots");
+  n_tiles = alloc<int>(1, "prefill tile count");
+  max_tiles = moe_max_tiles(static_cast<int>(T * k), 16, static_cast<int>(E));
+  tiles = alloc<int4>(max_tiles, "prefill tile list");
+  act = alloc<uint16_t>(T * k * c.moe_intermediate_size, "prefill expert activations");
+  act_shared = alloc<uint16_t>(T * c.shared_expert_intermediate_size, "prefill shared-expert activations");
+  y_slots = alloc<float>(T * k * H, "prefill expert outputs");
+  y_shared = alloc<float>(T * H, "prefill shared-expert output");
+  logits = alloc<float>(static_cast<size_t>(kLogitRows) * c.vocab_size, "prefill logits");
+}
+
+bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    *why = reason;
+    return false;
+  };
+  if (!W.lm_head.tiled) return no("lm_head is not a 4-bit group-64 matrix in the tensor-core layout");
+  for (size_t i = 0; i < W.layers.size(); ++i) {
+    const DeviceLayer& L = W.layers[i];
+    const std::string at = "layer " + std::to_string(i) + ": ";
+    const bool tiled = L.kind == LayerKind::Linear ? L.gdn_in.tiled && L.gdn_out.tiled : L.attn_in.tiled && L.attn_out.tiled;
+    if (!tiled) return no(at + "a mixer projection is not 4-bit group-64 (tensor-core layout)");
+    const MoeExperts& m = L.experts;
+    if (!m.gate_up.tiled || !m.down.tiled || !m.shared_gate_up.tiled || !m.shared_down.tiled)
+      return no(at + "expert matrices are not 4-bit group-64 (tensor-core layout)");
+  }
+  if (c.num_full_layers() > 0 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return no("head_dim " + std::to_string(c.head_dim) + " (prefill attention: 64, 128, 256)");
+  if (c.hidden_size % 64 != 0) return no("hidden_size is not a multiple of 64");
+  if (c.num_linear_layers() > 0) {
+    const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
+    const int64_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
+    if (Dk % 16 || Dk > 128 || Dv % 16 || Dv > 128) return no("linear head dims (prefill scan: multiples of 16, <= 128)");
+    if (c.linear_num_value_heads % c.linear_num_key_heads) return no("linear value heads not a multiple of key heads");
+    if (gdn_rows % 4) return no("Gated DeltaNet projection rows not a multiple of 4");
+  }
+  if (c.num_full_layers() > 0 && c.num_attention_heads / c.num_key_value_heads > 16)
+    return no("more than 16 query heads per KV head");
+  return true;
+}
+
+void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
+                     const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
+  if (T > ws.capacity) fail("prefill: chunk of ", std::to_string(T), " tokens exceeds the workspace (", std::to_string(ws.capacity), ")");
+  const int H = static_cast<int>(c.hidden_size), k = static_cast<int>(c.num_experts_per_tok);
+  const int E = static_cast<int>(c.num_experts), I = static_cast<int>(c.moe_intermediate_size);
+  const int Is = static_cast<int>(c.shared_expert_intermediate_size);
+  const int gdn_rows = static_cast<int>(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads);
+  const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int dense_tile = dense_tile_rows(T);
+  ws.tile_m = moe_tile_rows(c, T, opt);
+  const int max_tiles = moe_max_tiles(T * k, ws.tile_m, E);
+
+  embed_rows(W.embed, ws.tokens, T, ws.h, stream);
+  int full = 0, lin = 0;
+  for (const DeviceLayer& L : W.layers) {
+    rmsnorm_rows(ws.h, L.input_norm, T, H, eps, ws.xb, nullptr, stream);
+    if (L.kind == LayerKind::Linear) {
+      GemmArgs in = dense(L.gdn_in, ws.xb, H, T);
+      in.y = ws.proj;
+      in.ldy = gdn_rows;
+      qgemm(in, dense_tile, stream);
+      const int Hk = static_cast<int>(c.linear_num_key_heads), Hv = static_cast<int>(c.linear_num_value_heads);
+      const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
+      GdnConvPrefillArgs conv;
+      conv.proj = ws.proj;
+      conv.ldp = gdn_rows;
+      conv.conv_w = L.conv_w;
+      conv.ring = s.ring[lin];
+      conv.dt_bias = L.dt_bias;
+      conv.neg_A = L.neg_A;
+      conv.q = ws.q;
+      conv.k = ws.k;
+      conv.v = ws.v;
+      conv.beta = ws.beta;
+      conv.decay = ws.decay;
+      conv.T = T;
+      conv.pos0 = pos0;
+      conv.Hk = Hk;
+      conv.Hv = Hv;
+      conv.Dk = Dk;
+      conv.Dv = Dv;
+      gdn_conv_prefill(conv, stream);
+      GdnScanPrefillArgs scan;
+      scan.q = ws.q;
+      scan.k = ws.k;
+      scan.v = ws.v;
+      scan.beta = ws.beta;
+      scan.decay = ws.decay;
+      scan.state = s.state[parity][lin];
+      scan.o = ws.o;
+      scan.T = T;
+      scan.Hk = Hk;
+      scan.Hv = Hv;
+      scan.Dk = Dk;
+      scan.Dv = Dv;
+      gdn_scan_prefill(scan, stream);
+      GdnGatedNormArgs norm;
+      norm.o = ws.o;
+      norm.z = ws.proj + c.gdn_conv_dim();
+      norm.ldz = gdn_rows;
+      norm.w = L.gdn_norm;
+      norm.eps = eps;
+      norm.out = ws.xb;
+      norm.T = T;
+      norm.Hv = Hv;
+      norm.Dv = Dv;
+      gdn_gated_norm(norm, stream);
+      GemmArgs out = dense(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), T);
+      out.epi = GemmEpilogue::Add;
+      out.y = ws.h;
+      out.ldy = H;
+      qgemm(out, dense_tile, stream);
+      ++lin;
+    } else {
+      GemmArgs in = dense(L.attn_in, ws.xb, H, T);
+      in.y = ws.proj;
+      in.ldy = attn_rows;
+      qgemm(in, dense_tile, stream);
+      AttnPrefillArgs a;
+      a.proj = ws.proj;
+      a.ldp = attn_rows;
+      a.q_norm = L.q_norm;
+      a.k_norm = L.k_norm;
+      a.inv_freq = W.rope_inv_freq;
+      a.k_cache = s.k_cache[full];
+      a.v_cache = s.v_cache[full];
+      a.scratch = ws.attn_scratch;
+      a.scratch_bytes = ws.attn_scratch_bytes;
+      a.ctx = s.ctx;
+      a.out = ws.xb;
+      a.pos0 = pos0;
+      a.T = T;
+      a.Hq = static_cast<int>(c.num_attention_heads);
+      a.Hkv = static_cast<int>(c.num_key_value_heads);
+      a.D = static_cast<int>(c.head_dim);
+      a.rot_dim = static_cast<int>(c.rotary_dim());
+      a.eps = eps;
+      attention_prefill(a, stream);
+      GemmArgs out = dense(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), T);
+      out.epi = GemmEpilogue::Add;
+      out.y = ws.h;
+      out.ldy = H;
+      qgemm(out, dense_tile, stream);
+      ++full;
+    }
+
+    // MoE: route on the GPU, then grouped expert GEMMs over the rows sorted by expert.
+    rmsnorm_rows(ws.h, L.post_norm, T, H, eps, ws.xb, ws.xf, stream);
+    MoeRouteArgs r;
+    r.router = L.router;
+    r.x = ws.xf;
+    r.T = T;
+    r.E = E;
+    r.k = k;
+    r.norm_topk = c.norm_topk_prob;
+    r.tile_m = ws.tile_m;
+    r.route_w = ws.route_w;
+    r.expert_ids = ws.expert_ids;
+    r.shared_logit = ws.shared_logit;
+    r.counts = ws.counts;
+    r.offsets = ws.offsets;
+    r.partials = ws.router_partials;
+    r.cursor = ws.cursor;
+    r.counter = ws.route_counter;
+    r.x_rows = ws.x_rows;
+    r.y_rows = ws.y_rows;
+    r.tiles = ws.tiles;
+    r.n_tiles = ws.n_tiles;
+    r.max_tiles = max_tiles;
+    moe_route_prefill(r, stream);
+    if (opt.host_routing) host_tile_list(ws, E, T * k, max_tiles, stream);
+
+    const MoeExperts& m = L.experts;
+    GemmArgs gu = dense(m.gate_up, ws.xb, H, T * k);
+    gu.x_rows = ws.x_rows;
+    gu.epi = GemmEpilogue::SwiGlu;
+    gu.act = ws.act;
+    gu.ldy = I;
+    gu.swiglu_inter = I;
+    gu.tiles = ws.tiles;
+    gu.n_tiles = ws.n_tiles;
+    gu.max_tiles = max_tiles;
+    gu.expert_rows = 2 * I;
+    qgemm(gu, ws.tile_m, stream);
+    GemmArgs dn = dense(m.down, ws.act, I, T * k);
+    dn.y = ws.y_slots;
+    dn.ldy = H;
+    dn.y_rows = ws.y_rows;
+    dn.y_scale = ws.route_w;
+    dn.tiles = ws.tiles;
+    dn.n_tiles = ws.n_tiles;
+    dn.max_tiles = max_tiles;
+    dn.expert_rows = H;
+    qgemm(dn, ws.tile_m, stream);
+
+    GemmArgs sgu = dense(m.shared_gate_up, ws.xb, H, T);
+    sgu.epi = GemmEpilogue::SwiGlu;
+    sgu.act = ws.act_shared;
+    sgu.ldy = Is;
+    sgu.swiglu_inter = Is;
+    qgemm(sgu, dense_tile, stream);
+    GemmArgs sdn = dense(m.shared_down, ws.act_shared, Is, T);
+    sdn.y = ws.y_shared;
+    sdn.ldy = H;
+    qgemm(sdn, dense_tile, stream);
+    moe_combine(ws.h, ws.y_slots, ws.y_shared, ws.shared_logit, T, H, k, stream);
+  }
+}
+
+void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, int row0, int rows,
+                        cudaStream_t stream) {
+  if (rows > PrefillWorkspace::kLogitRows) fail("prefill logits: at most ", std::to_string(PrefillWorkspace::kLogitRows), " rows at a time");
+  const int H = static_cast<int>(c.hidden_size);
+  rmsnorm_rows(ws.h + static_cast<size_t>(row0) * H, W.final_norm, rows, H, static_cast<float>(c.rms_norm_eps), ws.xb,
+               nullptr, stream);
+  GemmArgs g = dense(W.lm_head, ws.xb, H, rows);
+  g.y = ws.logits;
+  g.ldy = static_cast<int>(c.vocab_size);
+  qgemm(g, dense_tile_rows(rows), stream);
+}
+
+}  // namespace lily::cuda

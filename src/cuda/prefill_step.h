@@ -1,0 +1,74 @@
+// Prefill of one chunk of prompt tokens on the device: every layer processes the whole
+// chunk at once (4-bit tensor-core GEMMs with dequantisation in the tile, MoE routing
+// and grouped expert GEMMs on the GPU, a register-resident Gated DeltaNet scan, flash
+// attention against the cache), with no host synchronisation anywhere in the chunk.
+// The session is left exactly as T decode steps would leave it: KV cache rows, conv
+// ring, recurrent state (in place, state[parity]) and, via the head, logits[parity].
+#pragma once
+#include <cuda_runtime.h>
+
+#include <deque>
+
+#include "cuda_weights.h"
+#include "decode_step.h"
+#include "device_buffer.h"
+
+namespace lily::cuda {
+
+// Knobs of the prefill route (environment, read once per executor; each is an
+// ablation measured in docs/perf-log.md).
+struct PrefillOptions {
+  int moe_tile = 0;          // LILY_PREFILL_MOE_TILE: rows per grouped-GEMM tile (16/32/64/128; 0 = by load)
+  bool host_routing = false; // LILY_PREFILL_HOST_ROUTING=1: expert offsets via a host round trip per layer
+  static PrefillOptions from_env();
+};
+
+// Activations of one chunk, allocated for `capacity` tokens once and reused; peak
+// memory depends on the chunk size, never on the prompt length.
+class PrefillWorkspace {
+ public:
+  PrefillWorkspace(const ModelConfig& c, int capacity);
+  int capacity = 0;
+  int* tokens = nullptr;          // [T]
+  float* h = nullptr;             // [T][H] residual stream
+  uint16_t* xb = nullptr;         // [T][max(H, Hv*Dv, Hq*D)] bf16 GEMM operand
+  float* xf = nullptr;            // [T][H] fp32 normed input of the router
+  float* proj = nullptr;          // [T][max(GDN, attention) input-projection rows]
+  // Gated DeltaNet
+  float *q = nullptr, *k = nullptr, *v = nullptr, *beta = nullptr, *decay = nullptr, *o = nullptr;
+  // Attention
+  void* attn_scratch = nullptr;
+  size_t attn_scratch_bytes = 0;
+  // MoE
+  float *route_w = nullptr, *shared_logit = nullptr;
+  int *expert_ids = nullptr, *counts = nullptr, *offsets = nullptr, *cursor = nullptr;
+  unsigned* route_counter = nullptr;
+  float* router_partials = nullptr;
+  int *x_rows = nullptr, *y_rows = nullptr, *n_tiles = nullptr;
+  int4* tiles = nullptr;
+  int max_tiles = 0, tile_m = 0;
+  uint16_t *act = nullptr, *act_shared = nullptr;
+  float *y_slots = nullptr, *y_shared = nullptr;
+  // Teacher-forced logits, kLogitRows rows at a time
+  static constexpr int kLogitRows = 64;
+  float* logits = nullptr;  // [kLogitRows][V]
+
+ private:
+  template <typename T>
+  T* alloc(size_t n, const char* what);
+  std::deque<DeviceBuffer> owned_;
+};
+
+// Whether every matrix and head shape fits the prefill kernels; otherwise the reason.
+bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string* why);
+
+// Runs the chunk tokens[0..T) (already in ws.tokens) at positions pos0.. through every
+// layer; ws.h then holds the last layer's output rows (before the final norm).
+void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
+                     const SessionState& s, int parity, int pos0, int T, cudaStream_t stream);
+
+// logits[r][V] = lm_head(final_norm(h[row0 + r])) for r < rows <= kLogitRows.
+void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, int row0, int rows,
+                        cudaStream_t stream);
+
+}  // namespace lily::cuda

@@ -1,0 +1,355 @@
+// The kernel of qgemm.h. mma.sync m16n8k16 with the dequantised weight tile as the A
+// operand straight from its fragment-ordered storage (one 16-byte word per lane per 16x64
+// tile) and X as B through ldmatrix; xsum per (row, group) also on the tensor cores.
+#include "qgemm.h"
+
+#include <cstdint>
+#include <string>
+
+#include "qmma.cuh"
+
+namespace lily::cuda {
+namespace {
+
+// Block tile: 128 features (8 row blocks of 16) x BM GEMM rows. Warps: 4 along the
+// features (2 row blocks each) x kWarpsM along the rows (kNT n-tiles of 8 rows each),
+// so a warp holds 2 x kNT x 4 running sums plus as many per-group sums (<= 128 floats).
+// Per group of 64 columns a stage holds the block's 8 weight tiles (codes + scale|bias,
+// copied as stored) and the X tile [BM][64]; stages are filled kStages - 1 groups ahead
+// with cp.async, so weights and activations share one pipeline.
+template <int BM>
+struct Tile {
+  static constexpr int kWarpsN = 4, kWarpsM = BM == 128 ? 2 : 1, kWarps = kWarpsN * kWarpsM, kThreads = 32 * kWarps;
+  static constexpr int kRB = 2, kNT = BM / (8 * kWarpsM);
+  static constexpr int kBlocks = kWarpsN * kRB;  // 16-row blocks per tile: 128 features
+  static constexpr int kMinBlocks = BM == 128 ? 1 : BM == 64 ? 2 : BM == 32 ? 3 : 4;  // blocks per SM (register cap)
+  static constexpr int kStages = 4;
+  static constexpr int kXStride = 72;  // bf16 per staged X row: 144 B rows keep ldmatrix conflict-free
+  static constexpr int kCodeBytes = kBlocks * 512, kSbBytes = kBlocks * 64, kXBytes = BM * kXStride * 2;
+  static constexpr int kStageBytes = kCodeBytes + kSbBytes + kXBytes;
+  static constexpr int kSmem = kStages * kStageBytes + 2 * BM * 4;  // + xsum [2][BM]
+  static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kXCopies = BM * 8 / kThreads;
+  static_assert(kNT >= 2 && kNT % 2 == 0, "n-tiles go in pairs (one ldmatrix.x4)");
+  static_assert(BM / 16 <= kWarps, "one warp sums each 16 rows of X");
+  static_assert(kCodeCopies * kThreads == kBlocks * 32 && kXCopies * kThreads == BM * 8 && kThreads >= 32);
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  // src_bytes 0: nothing is read and the 16 bytes are zero-filled.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d = a · b with a fresh accumulator (the first k-step of a group).
+__device__ __forceinline__ void mma_16816_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+__device__ __forceinline__ uint32_t kstep_word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// Grid: x = feature blocks of 128, y = row tiles (dense) or tile-list entries (grouped).
+// Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) ends with acc[rb][nt][i] =
+// y[feature 16 (lb0 + 2 wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2].
+template <int BM>
+__global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgemm_kernel(GemmArgs a) {
+  using T = Tile<BM>;
+  constexpr int kRB = T::kRB, kNT = T::kNT, S = T::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xsum_s = reinterpret_cast<float*>(smem + S * T::kStageBytes);  // [2][BM], group g in g & 1
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2;
+  const int wn = warp % T::kWarpsN, wm = warp / T::kWarpsN;
+  const int G = a.W.cols / 64, n_rb = (a.W.rows + 15) / 16;
+  const bool grouped = a.tiles != nullptr;
+
+  pdl_wait();
+  int expert = 0, row0 = blockIdx.y * BM, rows = min(BM, a.M - row0);
+  if (grouped) {
+    if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    expert = t.x;
+    row0 = t.y;
+    rows = min(min(t.z, BM), a.M - t.y);
+  }
+  if (row0 < 0 || rows <= 0) return;
+  const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
+  const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
+  const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
+  auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
+
+  // This thread's cp.async sources at group 0 as element offsets (-1: a missing block or
+  // row, copied as 0 bytes, i.e. zero-filled); 32-bit to keep registers for the tile.
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int code_off[T::kCodeCopies];  // uint4 of W.codes: tile (block, group 0), lane part
+#pragma unroll
+  for (int i = 0; i < T::kCodeCopies; ++i) {
+    const int c = tid + i * T::kThreads, lb = c >> 5;  // stage layout [block][lane] uint4
+    code_off[i] = block_ok(lb) ? (rb0 + lb) * G * 32 + (c & 31) : -1;
+  }
+  int sb_off = -1;  // threads < 32: uint32 of W.sb, 4 of a block's 16 scale|bias words
+  if (tid < 32 && block_ok(tid >> 2)) sb_off = (rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
+  int x_row[T::kXCopies];  // stage layout [row][8 chunks of 8 bf16]
+#pragma unroll
+  for (int i = 0; i < T::kXCopies; ++i) {
+    const int r = (tid + i * T::kThreads) >> 3;
+    x_row[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
+  }
+
+  // Stage of group g (always one commit group, so wait counts stay uniform).
+  auto load_stage = [&](int g) {
+    if (g < G) {
+      const uint32_t st = smem0 + (g % S) * T::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < T::kCodeCopies; ++i) {
+        const bool ok = code_off[i] >= 0;
+        cp_async16(st + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0), ok ? 16 : 0);
+      }
+      if (tid < 32) {
+        const bool ok = sb_off >= 0;
+        cp_async16(st + T::kCodeBytes + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kXCopies; ++i) {
+        const int c = tid + i * T::kThreads;
+        const bool ok = x_row[i] >= 0;
+        const uint16_t* src = a.x + (ok ? static_cast<size_t>(x_row[i]) * a.ldx + 64 * g + 8 * (c & 7) : 0);
+        cp_async16(st + T::kCodeBytes + T::kSbBytes + (c >> 3) * T::kXStride * 2 + 16 * (c & 7), src, ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // xsum of group g on the tensor cores: X rows as the A operand times a B of ones;
+  // warp w sums rows 16w .. 16w+15 (ldmatrix.x4 of a 16x16 block is an A fragment).
+  constexpr uint32_t kOnes = 0x3F803F80u;  // bf16 pair (1, 1)
+  auto row_sums = [&](int g) {
+    if (warp < BM / 16) {
+      const uint32_t addr = smem0 + (g % S) * T::kStageBytes + T::kCodeBytes + T::kSbBytes +
+                            ((16 * warp + (lane & 15)) * T::kXStride + 8 * (lane >> 4)) * 2;
+      float c[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t xa[4];
+        ldmatrix_x4(addr + 32 * j, xa);
+        if (j == 0) mma_16816_first(c, xa, kOnes, kOnes);
+        else mma_16816(c, xa, kOnes, kOnes);
+      }
+      if ((lane & 3) == 0) {
+        float* xs = xsum_s + (g & 1) * BM + 16 * warp + gid;
+        xs[0] = c[0];  // row gid
+        xs[8] = c[2];  // row gid + 8
+      }
+    }
+  };
+
+  // B fragments of n-tiles (2p, 2p+1) at k-step j: one ldmatrix.x4 of X rows
+  // 8 wm kNT + 16p + (lane & 7) + 8 (lane >> 4), columns 16j + 8 ((lane >> 3) & 1).
+  const uint32_t b_lane = T::kCodeBytes + T::kSbBytes +
+                          ((8 * wm * kNT + (lane & 7) + 8 * (lane >> 4)) * T::kXStride + 8 * ((lane >> 3) & 1)) * 2;
+  // This lane's weight words of group g: codes of its row blocks, scale|bias of rows gid, gid + 8.
+  uint4 w_next[kRB];
+  uint32_t sb_next[kRB][2];
+  auto load_tiles = [&](int g) {
+    const unsigned char* stage = smem + (g % S) * T::kStageBytes;
+    const uint4* codes = reinterpret_cast<const uint4*>(stage) + wn * kRB * 32 + lane;
+    const uint32_t* sbw = reinterpret_cast<const uint32_t*>(stage + T::kCodeBytes) + wn * kRB * 16 + gid;
+#pragma unroll
+    for (int rb = 0; rb < kRB; ++rb) {
+      w_next[rb] = codes[rb * 32];
+      sb_next[rb][0] = sbw[rb * 16];
+      sb_next[rb][1] = sbw[rb * 16 + 8];
+    }
+  };
+  float acc[kRB][kNT][4] = {};
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) load_stage(s);
+  cp_async_wait<S - 2>();
+  __syncthreads();
+  row_sums(0);
+  load_tiles(0);
+
+  for (int g = 0; g < G; ++g) {
+    // Groups g and g + 1 have landed (g + 1 for its row sums and weight words); the
+    // barrier also frees the stage read in iteration g - 1 and publishes xsum of group g.
+    cp_async_wait<S - 3>();
+    __syncthreads();
+    load_stage(g + S - 1);
+    if (g + 1 < G) row_sums(g + 1);
+
+    uint4 w[kRB];
+    float scale[kRB][2], offset[kRB][2];  // rows gid, gid + 8: s and b - 128 s
+#pragma unroll
+    for (int rb = 0; rb < kRB; ++rb) {
+      w[rb] = w_next[rb];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        scale[rb][h] = bf16_lo(sb_next[rb][h]);
+        offset[rb][h] = fmaf(-128.0f, scale[rb][h], bf16_hi(sb_next[rb][h]));
+      }
+    }
+    const uint32_t xb = smem0 + (g % S) * T::kStageBytes + b_lane;
+    float c[kRB][kNT][4];  // C_g = (128 + q) · X_gᵀ
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t af[kRB][4];
+#pragma unroll
+      for (int rb = 0; rb < kRB; ++rb) dequant_word(kstep_word(w[rb], j), af[rb]);
+#pragma unroll
+      for (int p = 0; p < kNT / 2; ++p) {
+        uint32_t b[4];
+        ldmatrix_x4(xb + p * 16 * T::kXStride * 2 + 32 * j, b);
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+          if (j == 0) {
+            mma_16816_first(c[rb][2 * p], af[rb], b[0], b[1]);
+            mma_16816_first(c[rb][2 * p + 1], af[rb], b[2], b[3]);
+          } else {
+            mma_16816(c[rb][2 * p], af[rb], b[0], b[1]);
+            mma_16816(c[rb][2 * p + 1], af[rb], b[2], b[3]);
+          }
+        }
+      }
+    }
+    if (g + 1 < G) load_tiles(g + 1);  // its latency hides behind the fold and the next barrier
+    // y += s C_g + (b - 128 s) xsum_g; this lane's columns are rows 2t and 2t + 1 of each n-tile.
+    const float* xs = xsum_s + (g & 1) * BM + 8 * wm * kNT + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float2 xv = *reinterpret_cast<const float2*>(xs + 8 * nt);
+#pragma unroll
+      for (int rb = 0; rb < kRB; ++rb) {
+        float(&y)[4] = acc[rb][nt];
+        y[0] = fmaf(scale[rb][0], c[rb][nt][0], fmaf(offset[rb][0], xv.x, y[0]));
+        y[1] = fmaf(scale[rb][0], c[rb][nt][1], fmaf(offset[rb][0], xv.y, y[1]));
+        y[2] = fmaf(scale[rb][1], c[rb][nt][2], fmaf(offset[rb][1], xv.x, y[2]));
+        y[3] = fmaf(scale[rb][1], c[rb][nt][3], fmaf(offset[rb][1], xv.y, y[3]));
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain
+  pdl_trigger();
+
+  // Epilogue: every (row, feature) belongs to exactly one lane.
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 8 * (wm * kNT + nt) + 2 * (lane & 3) + h;
+      if (n >= rows) continue;
+      const int r = row0 + n, out = a.y_rows ? a.y_rows[r] : r;
+      if (a.epi == GemmEpilogue::SwiGlu) {
+        // Row block lb = 8 gate rows then their 8 up rows: outputs 8 lb + gid.
+        uint16_t* dst = a.act + static_cast<size_t>(out) * a.ldy;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+          const int lb = lb0 + wn * kRB + rb;
+          if (16 * lb < n_feat) dst[8 * lb + gid] = to_bf16_bits(siluf_(acc[rb][nt][h]) * acc[rb][nt][2 + h]);
+        }
+      } else {
+        float* dst = a.y + static_cast<size_t>(out) * a.ldy;
+        const float ys = a.y_scale ? a.y_scale[out] : 1.0f;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int f = 16 * (lb0 + wn * kRB + rb) + gid + 8 * hi;
+            if (f >= n_feat) continue;
+            const float v = acc[rb][nt][2 * hi + h];
+            if (a.epi == GemmEpilogue::Add) dst[f] += v;
+            else dst[f] = v * ys;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int BM>
+void launch_tile(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
+  using T = Tile<BM>;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(qgemm_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem),
+          "qgemm: set shared memory size");
+    return true;
+  }();
+  (void)configured;
+  launch("qgemm", qgemm_kernel<BM>, grid, dim3(T::kThreads), T::kSmem, stream, a);
+}
+
+void check_args(const GemmArgs& a, int tile_m) {
+  const QMat& W = a.W;
+  if (tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128)
+    fail("qgemm: tile_m ", std::to_string(tile_m), " is not one of 16, 32, 64, 128");
+  if (!W.tiled || W.bits != 4 || !W.codes || !W.sb) fail("qgemm: W must be a tiled 4-bit matrix (QMat::tiled)");
+  if (reinterpret_cast<uintptr_t>(W.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(W.sb) % 16 != 0)
+    fail("qgemm: W codes and scales must be 16-byte aligned");
+  if (W.rows < 1 || W.cols < 64 || W.cols % 64 != 0)
+    fail("qgemm: W is ", std::to_string(W.rows), " x ", std::to_string(W.cols),
+         "; need rows >= 1 and cols a multiple of 64");
+  if (static_cast<int64_t>((W.rows + 15) / 16) * W.cols / 64 * 32 > INT32_MAX)
+    fail("qgemm: W is too large for 32-bit tile offsets");
+  if (a.M < 0) fail("qgemm: M is negative");
+  if (!a.x || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) fail("qgemm: x must be a 16-byte aligned device pointer");
+  if (a.ldx < W.cols || a.ldx % 8 != 0)
+    fail("qgemm: ldx ", std::to_string(a.ldx), " must be >= K = ", std::to_string(W.cols), " and a multiple of 8");
+  const bool grouped = a.tiles != nullptr;
+  if (grouped) {
+    if (!a.n_tiles) fail("qgemm: grouped mode needs n_tiles");
+    if (a.max_tiles < 0 || a.max_tiles > 65535)
+      fail("qgemm: max_tiles ", std::to_string(a.max_tiles), " is not in [0, 65535]");
+    if (a.expert_rows < 16 || a.expert_rows % 16 != 0 || a.expert_rows > (W.rows + 15) / 16 * 16)
+      fail("qgemm: expert_rows ", std::to_string(a.expert_rows), " must be a positive multiple of 16 within W's rows");
+  } else {
+    if (a.n_tiles || a.max_tiles) fail("qgemm: n_tiles / max_tiles given without a tile list");
+    if ((a.M + tile_m - 1) / tile_m > 65535) fail("qgemm: M ", std::to_string(a.M), " needs too many row tiles");
+  }
+  const int n_feat = grouped ? a.expert_rows : W.rows;
+  if (a.epi == GemmEpilogue::SwiGlu) {
+    if (!a.act) fail("qgemm: SwiGlu needs act");
+    if (a.swiglu_inter < 8 || a.swiglu_inter % 8 != 0 || 2 * a.swiglu_inter != n_feat)
+      fail("qgemm: SwiGlu needs swiglu_inter a multiple of 8 with ", grouped ? "expert_rows" : "W.rows",
+           " = 2 * swiglu_inter (", std::to_string(n_feat), " vs ", std::to_string(a.swiglu_inter), ")");
+    if (a.ldy < a.swiglu_inter) fail("qgemm: ldy ", std::to_string(a.ldy), " is less than swiglu_inter");
+    if (a.y_scale) fail("qgemm: y_scale is only for the Store epilogue");
+  } else if (a.epi == GemmEpilogue::Store || a.epi == GemmEpilogue::Add) {
+    if (!a.y) fail("qgemm: Store/Add need y");
+    if (a.ldy < n_feat)
+      fail("qgemm: ldy ", std::to_string(a.ldy), " is less than the ", std::to_string(n_feat), " outputs");
+    if (a.y_scale && a.epi != GemmEpilogue::Store) fail("qgemm: y_scale is only for the Store epilogue");
+  } else {
+    fail("qgemm: unknown epilogue ", std::to_string(static_cast<int>(a.epi)));
+  }
+}
+
+}  // namespace
+
+void qgemm(const GemmArgs& a, int tile_m, cudaStream_t stream) {
+  check_args(a, tile_m);
+  const bool grouped = a.tiles != nullptr;
+  const int n_feat = grouped ? a.expert_rows : a.W.rows;
+  const int blocks_y = grouped ? a.max_tiles : (a.M + tile_m - 1) / tile_m;
+  if (a.M == 0 || blocks_y == 0) return;  // nothing to compute
+  const dim3 grid((n_feat + 127) / 128, blocks_y);
+  switch (tile_m) {
+    case 16: launch_tile<16>(a, grid, stream); break;
+    case 32: launch_tile<32>(a, grid, stream); break;
+    case 64: launch_tile<64>(a, grid, stream); break;
+    default: launch_tile<128>(a, grid, stream); break;
+  }
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,382 @@
+// The 4-bit prefill GEMM (qgemm) against fp64 references: dense Store/Add on awkward
+// and real shapes for every tile size, SwiGLU on gate/up-interleaved weights, and the
+// grouped (MoE) mode with a tile list, row gather, scatter, routing weights and tiles
+// past *n_tiles. Outputs start as NaN where the kernel must write and as a sentinel
+// (or the Add input) everywhere else, which must survive.
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <numeric>
+#include <thread>
+
+#include "error.h"
+#include "qgemm.h"
+#include "test_util.h"
+
+namespace lily::cuda::test {
+namespace {
+
+constexpr int kTiles[] = {16, 32, 64, 128};
+constexpr float kSentinel = 1234.5f;
+constexpr uint16_t kSentinelBf16 = 0x3F81, kNanBf16 = 0xFFFF;
+
+template <typename F>
+void parallel_for(int n, F&& f) {
+  const int workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (int i; (i = next++) < n;) f(i);
+    });
+  for (auto& t : pool) t.join();
+}
+
+double dot(const double* a, const double* b, int n) {  // n % 4 == 0
+  double s[4] = {0, 0, 0, 0};
+  for (int k = 0; k < n; k += 4)
+    for (int i = 0; i < 4; ++i) s[i] += a[k + i] * b[k + i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+double silu(double v) { return v / (1 + std::exp(-v)); }
+
+// Random bf16 activations [rows][cols] stored with row stride ld; the padding columns
+// hold NaN, so a kernel reading past K poisons its result.
+struct Bf16Mat {
+  int rows, cols, ld;
+  std::vector<uint16_t> bits;
+  std::vector<double> val;  // [rows][cols], the exact bf16 values
+  const double* row(int r) const { return val.data() + static_cast<size_t>(r) * cols; }
+};
+
+Bf16Mat random_bf16(int rows, int cols, int ld, Rng& r) {
+  Bf16Mat m{rows, cols, ld, std::vector<uint16_t>(static_cast<size_t>(rows) * ld, kNanBf16),
+            std::vector<double>(static_cast<size_t>(rows) * cols)};
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; ++c) {
+      const uint16_t b = float_to_bf16(static_cast<float>(r.normal()));
+      m.bits[static_cast<size_t>(i) * ld + c] = b;
+      m.val[static_cast<size_t>(i) * cols + c] = bf16_to_float(b);
+    }
+  return m;
+}
+
+const double* wrow(const HostQ& W, int r) { return W.deq.data() + static_cast<size_t>(r) * W.cols; }
+
+// An output buffer [rows][ld] on the host: its initial contents, and the value each
+// element must end with where the kernel writes it.
+template <typename E>
+struct Expect {
+  int rows, ld;
+  std::vector<E> init;
+  std::vector<char> written;
+  std::vector<double> want;
+  Expect(int rows_, int ld_, E fill)
+      : rows(rows_), ld(ld_), init(static_cast<size_t>(rows_) * ld_, fill), written(init.size(), 0),
+        want(init.size(), 0) {}
+  void set(int r, int c, double v, E initial) {
+    const size_t i = static_cast<size_t>(r) * ld + c;
+    written[i] = 1;
+    want[i] = v;
+    init[i] = initial;
+  }
+};
+
+// Max error over the written elements relative to their RMS (bf16: relative to |want| +
+// RMS, as the rounding is relative); untouched: every other element kept its initial value.
+template <typename E>
+double compare(const Expect<E>& ex, const std::vector<E>& got, bool& untouched) {
+  double ss = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (ex.written[i]) ss += ex.want[i] * ex.want[i], ++n;
+  const double rms = std::sqrt(ss / std::max<size_t>(n, 1)) + 1e-30;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!ex.written[i]) {
+      if (std::memcmp(&got[i], &ex.init[i], sizeof(E)) != 0) untouched = false;
+      continue;
+    }
+    double v;
+    if constexpr (sizeof(E) == 2) v = bf16_to_float(got[i]);
+    else v = got[i];
+    if (!std::isfinite(v)) return INFINITY;
+    const double scale = sizeof(E) == 2 ? std::fabs(ex.want[i]) + rms : rms;
+    worst = std::max(worst, std::fabs(v - ex.want[i]) / scale);
+  }
+  return worst;
+}
+
+// Runs qgemm on a fresh copy of ex.init (into a.y or a.act) and compares.
+template <typename E>
+double run_and_compare(GemmArgs a, int tile_m, const Expect<E>& ex, bool& untouched) {
+  E* out = to_dev(ex.init);
+  if constexpr (sizeof(E) == 2) a.act = out;
+  else a.y = out;
+  a.ldy = ex.ld;
+  qgemm(a, tile_m, 0);
+  CK(cudaGetLastError());
+  const double err = compare(ex, from_dev(out, ex.init.size()), untouched);
+  cudaFree(out);
+  return err;
+}
+
+void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
+  Rng r(seed);
+  const HostQ W = make_q(N, K, 4, 64, r);
+  QMat dW = upload_q_tiled(W);
+  const Bf16Mat X = random_bf16(M, K, ldx, r);
+  uint16_t* dx = to_dev(X.bits);
+  std::vector<double> ref(static_cast<size_t>(M) * N);
+  parallel_for(M, [&](int m) {
+    for (int n = 0; n < N; ++n) ref[static_cast<size_t>(m) * N + n] = dot(X.row(m), wrow(W, n), K);
+  });
+  const std::vector<float> y0 = randn(static_cast<size_t>(M) * N, r);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Expect<float> store(M + 2, N + 3, kSentinel), add(M + 2, N + 3, kSentinel);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      const size_t i = static_cast<size_t>(m) * N + n;
+      store.set(m, n, ref[i], nan);
+      add.set(m, n, y0[i] + ref[i], y0[i]);
+    }
+  GemmArgs a;
+  a.W = dW;
+  a.x = dx;
+  a.ldx = ldx;
+  a.M = M;
+  bool untouched = true;
+  for (int tile : kTiles)
+    for (GemmEpilogue epi : {GemmEpilogue::Store, GemmEpilogue::Add}) {
+      a.epi = epi;
+      const double err = run_and_compare(a, tile, epi == GemmEpilogue::Store ? store : add, untouched);
+      char name[160];
+      std::snprintf(name, sizeof name, "qgemm dense %s M%d N%d K%d ldx%d tile %d",
+                    epi == GemmEpilogue::Store ? "store" : "add", M, N, K, ldx, tile);
+      report(name, err, 1e-4);
+    }
+  expect("  nothing written outside the M x N output (all tiles, store and add)", untouched);
+  free_q(dW);
+  cudaFree(dx);
+}
+
+// Dense SwiGLU: W = [I gate rows; I up rows] packed with interleave I (the shared expert).
+void test_swiglu(int M, int I, int K, uint64_t seed) {
+  Rng r(seed);
+  const HostQ W = make_q(2 * I, K, 4, 64, r);
+  QMat dW = upload_q_tiled(W, I);
+  const Bf16Mat X = random_bf16(M, K, K, r);
+  uint16_t* dx = to_dev(X.bits);
+  Expect<uint16_t> ex(M + 2, I + 8, kSentinelBf16);
+  std::vector<double> want(static_cast<size_t>(M) * I);
+  parallel_for(M, [&](int m) {
+    for (int i = 0; i < I; ++i)
+      want[static_cast<size_t>(m) * I + i] = silu(dot(X.row(m), wrow(W, i), K)) * dot(X.row(m), wrow(W, I + i), K);
+  });
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < I; ++i) ex.set(m, i, want[static_cast<size_t>(m) * I + i], kNanBf16);
+  GemmArgs a;
+  a.W = dW;
+  a.x = dx;
+  a.ldx = K;
+  a.M = M;
+  a.epi = GemmEpilogue::SwiGlu;
+  a.swiglu_inter = I;
+  bool untouched = true;
+  for (int tile : kTiles) {
+    char name[160];
+    std::snprintf(name, sizeof name, "qgemm dense swiglu M%d I%d K%d tile %d", M, I, K, tile);
+    report(name, run_and_compare(a, tile, ex, untouched), 1e-2);
+  }
+  expect("  nothing written outside the M x I activations", untouched);
+  free_q(dW);
+  cudaFree(dx);
+}
+
+// Grouped mode over E = 5 experts holding 0, 1, 17, 64 and 100 of the R sorted rows. The
+// row arrays have 8 more rows that only two decoy tiles past *n_tiles point at: their
+// outputs must stay untouched.
+struct Routing {
+  static constexpr int kE = 5, kDecoy = 8;
+  std::vector<int> count = {0, 1, 17, 64, 100};
+  int R = 0, M = 0;            // routed rows; rows including the decoy rows
+  std::vector<int> expert_of;  // [R]
+  std::vector<int> x_rows;     // [M] token of each row
+  std::vector<int> y_rows;     // [M] distinct output rows in [0, n_out)
+  int n_out = 0;
+
+  Routing(int tokens, Rng& r) {
+    for (int e = 0; e < kE; ++e) expert_of.insert(expert_of.end(), count[e], e);
+    R = static_cast<int>(expert_of.size());
+    M = R + kDecoy;
+    n_out = M + 6;
+    for (int i = 0; i < M; ++i) x_rows.push_back(static_cast<int>(r.next() % tokens));
+    std::vector<int> perm(n_out);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int i = n_out - 1; i > 0; --i) std::swap(perm[i], perm[r.next() % (i + 1)]);
+    y_rows.assign(perm.begin(), perm.begin() + M);
+  }
+
+  // Tiles of at most tile_m rows per expert, experts in order, then the two decoys.
+  std::vector<int4> tiles(int tile_m, int& n_tiles) const {
+    std::vector<int4> t;
+    for (int e = 0, row0 = 0; e < kE; row0 += count[e], ++e)
+      for (int s = 0; s < count[e]; s += tile_m) t.push_back(make_int4(e, row0 + s, std::min(tile_m, count[e] - s), 0));
+    n_tiles = static_cast<int>(t.size());
+    t.push_back(make_int4(2, R, kDecoy, 0));
+    t.push_back(make_int4(4, R + 4, 4, 0));
+    return t;
+  }
+};
+
+// Runs `a` in grouped mode for every tile size with the routing's tile list.
+template <typename E>
+void run_grouped(GemmArgs a, const Routing& rt, const Expect<E>& ex, const char* what, double tol) {
+  bool untouched = true;
+  for (int tile : kTiles) {
+    int n = 0;
+    const std::vector<int4> tiles = rt.tiles(tile, n);
+    a.tiles = to_dev(tiles);
+    a.n_tiles = to_dev(std::vector<int>{n});
+    a.max_tiles = static_cast<int>(tiles.size());
+    char name[160];
+    std::snprintf(name, sizeof name, "qgemm grouped %s tile %d (%d tiles + 2 past n_tiles)", what, tile, n);
+    report(name, run_and_compare(a, tile, ex, untouched), tol);
+    cudaFree(const_cast<int4*>(a.tiles));
+    cudaFree(const_cast<int*>(a.n_tiles));
+  }
+  expect(std::string("  ") + what + ": rows of other tiles, decoy tiles and padding untouched", untouched);
+}
+
+void test_grouped(uint64_t seed) {
+  Rng r(seed);
+  const int T = 61, H = 320, I = 192, E = Routing::kE;
+  const Routing rt(T, r);
+  const HostQ gu = make_q(E * 2 * I, H, 4, 64, r), down = make_q(E * H, I, 4, 64, r);
+  QMat dgu = upload_q_tiled(gu, I), ddown = upload_q_tiled(down);
+  const Bf16Mat X = random_bf16(T, H, H, r), Xi = random_bf16(T, I, I, r), act = random_bf16(rt.M, I, I, r);
+  uint16_t *dX = to_dev(X.bits), *dXi = to_dev(Xi.bits), *dact = to_dev(act.bits);
+  int *dx_rows = to_dev(rt.x_rows), *dy_rows = to_dev(rt.y_rows);
+  std::vector<float> y_scale(rt.n_out);
+  for (float& v : y_scale) v = static_cast<float>(0.1 + 0.9 * r.uniform());
+  float* dscale = to_dev(y_scale);
+
+  {  // gate/up + SwiGLU: tokens gathered by x_rows, activations in sorted-row order
+    Expect<uint16_t> ex(rt.M + 3, I + 8, kSentinelBf16);
+    for (int row = 0; row < rt.R; ++row) {
+      const int e = rt.expert_of[row];
+      const double* x = X.row(rt.x_rows[row]);
+      for (int i = 0; i < I; ++i)
+        ex.set(row, i, silu(dot(x, wrow(gu, e * 2 * I + i), H)) * dot(x, wrow(gu, e * 2 * I + I + i), H), kNanBf16);
+    }
+    GemmArgs a;
+    a.W = dgu;
+    a.x = dX;
+    a.ldx = H;
+    a.M = rt.M;
+    a.x_rows = dx_rows;
+    a.epi = GemmEpilogue::SwiGlu;
+    a.swiglu_inter = I;
+    a.expert_rows = 2 * I;
+    run_grouped(a, rt, ex, "gate/up swiglu, x_rows gather", 1e-2);
+  }
+  {  // down: Store scattered by y_rows, times the routing weight y_scale[out]
+    Expect<float> ex(rt.n_out, H + 4, kSentinel);
+    for (int row = 0; row < rt.R; ++row) {
+      const int e = rt.expert_of[row], out = rt.y_rows[row];
+      for (int n = 0; n < H; ++n)
+        ex.set(out, n, y_scale[out] * dot(act.row(row), wrow(down, e * H + n), I),
+               std::numeric_limits<float>::quiet_NaN());
+    }
+    GemmArgs a;
+    a.W = ddown;
+    a.x = dact;
+    a.ldx = I;
+    a.M = rt.M;
+    a.y_rows = dy_rows;
+    a.y_scale = dscale;
+    a.expert_rows = H;
+    run_grouped(a, rt, ex, "down store, y_rows scatter + y_scale", 1e-4);
+  }
+  {  // Add with both the gather and the scatter
+    std::vector<float> y0 = randn(static_cast<size_t>(rt.n_out) * (H + 4), r);
+    Expect<float> ex(rt.n_out, H + 4, 0.0f);
+    ex.init = y0;
+    for (int row = 0; row < rt.R; ++row) {
+      const int e = rt.expert_of[row], out = rt.y_rows[row];
+      const size_t i0 = static_cast<size_t>(out) * (H + 4);
+      for (int n = 0; n < H; ++n)
+        ex.set(out, n, y0[i0 + n] + dot(Xi.row(rt.x_rows[row]), wrow(down, e * H + n), I), y0[i0 + n]);
+    }
+    GemmArgs a;
+    a.W = ddown;
+    a.x = dXi;
+    a.ldx = I;
+    a.M = rt.M;
+    a.x_rows = dx_rows;
+    a.y_rows = dy_rows;
+    a.epi = GemmEpilogue::Add;
+    a.expert_rows = H;
+    run_grouped(a, rt, ex, "down add, x_rows gather + y_rows scatter", 1e-4);
+  }
+  free_q(dgu);
+  free_q(ddown);
+  cudaFree(dX), cudaFree(dXi), cudaFree(dact), cudaFree(dx_rows), cudaFree(dy_rows), cudaFree(dscale);
+}
+
+// Bad arguments are refused by name before anything is launched.
+void test_rejects() {
+  Rng r(3);
+  const HostQ W = make_q(32, 128, 4, 64, r);
+  QMat dW = upload_q_tiled(W);
+  uint16_t* dx = dev_alloc<uint16_t>(4 * 128);
+  float* dy = dev_alloc<float>(4 * 32);
+  auto refused = [&](const char* what, int tile_m, auto edit) {
+    GemmArgs a;
+    a.W = dW;
+    a.x = dx;
+    a.ldx = 128;
+    a.M = 4;
+    a.y = dy;
+    a.ldy = 32;
+    edit(a);
+    bool thrown = false;
+    try {
+      qgemm(a, tile_m, 0);
+    } catch (const lily::Error&) {
+      thrown = true;
+    }
+    expect(std::string("qgemm refuses ") + what, thrown);
+  };
+  refused("tile_m 48", 48, [](GemmArgs&) {});
+  refused("a row-major (untiled) W", 64, [&](GemmArgs& a) { a.W.tiled = false; });
+  refused("ldx not a multiple of 8", 64, [](GemmArgs& a) { a.ldx = 132; });
+  refused("y_scale with Add", 64, [&](GemmArgs& a) {
+    a.epi = GemmEpilogue::Add;
+    a.y_scale = dy;
+  });
+  refused("SwiGlu with W.rows != 2 * swiglu_inter", 64, [](GemmArgs& a) {
+    a.epi = GemmEpilogue::SwiGlu;
+    a.act = reinterpret_cast<uint16_t*>(a.y);
+    a.swiglu_inter = 8;
+  });
+  free_q(dW);
+  cudaFree(dx), cudaFree(dy);
+}
+
+}  // namespace
+
+void run_qgemm_tests() {
+  test_rejects();
+  test_dense(1, 16, 64, 64, 11);
+  test_dense(7, 40, 128, 136, 12);
+  test_dense(100, 1024, 2048, 2048, 13);
+  test_dense(257, 12352, 2048, 2048, 14);
+  test_dense(300, 2048, 4096, 4096, 15);
+  test_swiglu(100, 64, 128, 21);
+  test_swiglu(257, 512, 2048, 22);
+  test_grouped(31);
+}
+
+}  // namespace lily::cuda::test
