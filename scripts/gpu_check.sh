@@ -9,8 +9,9 @@
 #   ops          the kernel registry with a cold L2 (benchmarks/ops)
 #   bench        `lily bench --synthetic 35b` over LILY_BENCH_LENGTHS (default 512,4K;
 #                LILY_BENCH_COMPARE=hf adds the transformers peer) into OUT_DIR/bench
-# The package and the kernel tests are always built. Logs go to OUT_DIR; a short
-# summary is printed last. The GPU machine gets the tree without .git: pass
+# The package and the kernel tests are always built. Logs go to OUT_DIR (packed into
+# OUT_DIR/logs.tgz at the end, with the JSON results beside it); a short summary is
+# printed last. The GPU machine gets the tree without .git: pass
 # LILY_GIT_COMMIT=$(git rev-parse HEAD) so results name their commit.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -82,3 +83,4 @@ grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'
+( cd "$OUT" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' . && find . -type f ! -name logs.tgz ! -name '*.json' -delete && find . -mindepth 1 -type d -empty -delete )

@@ -217,8 +217,9 @@ std::string label(const Problem& P) {
 
 // Checks the cache after prefill of all P.T tokens: appended K rows within bf16 rounding
 // of the reference relative to their RMS (an ulp count is meaningless for entries near
-// zero, where RoPE's cancellation leaves fp32 noise many bf16 steps wide), V rows exact,
-// every other row untouched.
+// zero, where RoPE's cancellation leaves fp32 noise many bf16 steps wide; the largest
+// entries, ~4x RMS, sit two bf16 steps of 2^-8 relative from each other: 2.5e-2 of RMS;
+// the H200 measured up to 1.6e-2), V rows exact, every other row untouched.
 void check_cache(const Problem& P, const std::vector<uint16_t>& K, const std::vector<uint16_t>& V) {
   const size_t row = static_cast<size_t>(P.s.Hkv) * P.s.D, lo = P.pos0 * row, hi = (P.pos0 + P.T) * row;
   double v_ulps = 0;
@@ -232,7 +233,7 @@ void check_cache(const Problem& P, const std::vector<uint16_t>& K, const std::ve
       v_ulps = std::max(v_ulps, ulps(V[lo + t * row + i], vr[i]));
     }
   }
-  report("  appended K rows (relative to RMS)", rel_err(k_got, k_want), 8e-3);
+  report("  appended K rows (relative to RMS)", rel_err(k_got, k_want), 2.5e-2);
   report("  appended V rows (bf16 steps)", v_ulps, 0);
   bool same = true;
   for (size_t i = 0; i < K.size(); ++i)
