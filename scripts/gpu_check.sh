@@ -83,4 +83,4 @@ grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'
-( cd "$OUT" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' . && find . -type f ! -name logs.tgz ! -name '*.json' -delete && find . -mindepth 1 -type d -empty -delete )
+( cd "$OUT" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' . && find . -type f ! -name logs.tgz ! -name '*.json' ! -path './bench/*' -delete && find . -mindepth 1 -type d -empty -delete )
