@@ -6,6 +6,7 @@
 #   pytest       the GPU pytest files (CUDA vs CPU executor on small checkpoints)
 #   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
+#   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ops          the kernel registry with a cold L2 (benchmarks/ops)
 #   bench        `lily bench --synthetic 35b` over LILY_BENCH_LENGTHS (default 512,4K;
 #                LILY_BENCH_COMPARE=hf adds the transformers peer) into OUT_DIR/bench
@@ -62,6 +63,7 @@ if [ "$pip_rc" = 0 ]; then
   want pytest && run_step pytest 240 pytest_cuda.log python3 -m pytest -q tests/test_cuda_executor.py
   want consistency && run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
   want decode && run_step decode 240 decode.log python3 benchmarks/ops/cuda_decode.py --contexts "${LILY_DECODE_CONTEXTS:-512,4096}" --json "$OUT/decode.json"
+  want profile && run_step profile 200 profile.log env LILY_PREFILL_PROFILE=1 python3 benchmarks/ops/cuda_decode.py --contexts 4096,32768 --steps 4
   if want ops && [ -x benchmarks/ops/run.sh ]; then
     run_step ops 240 ops.log benchmarks/ops/run.sh --json "$OUT/ops.json"
   fi
@@ -80,7 +82,8 @@ grep -E '^FAIL' "$OUT/kernel_tests.log" 2>/dev/null | head -30
 for k in "${!RC[@]}"; do echo "$k: rc=${RC[$k]}"; done | sort
 [ -f "$OUT/pytest_cuda.log" ] && grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest_cuda.log" | tail -15
 grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
+grep -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null | tail -17
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'
-( cd "$OUT" && tar czf logs.tgz --exclude logs.tgz --exclude '*.json' . && find . -type f ! -name logs.tgz ! -name '*.json' ! -path './bench/*' -delete && find . -mindepth 1 -type d -empty -delete )
+( cd "$OUT" && tar czf /tmp/logs.tgz --exclude '*.json' . ; mv /tmp/logs.tgz . && find . -type f ! -name logs.tgz ! -name '*.json' ! -path './bench/*' -delete && find . -mindepth 1 -type d -empty -delete )

@@ -35,7 +35,7 @@ class Workspace {
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
-  int max_splits = 256, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
+  int max_splits = 64, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
 
  private:
   std::vector<DeviceBuffer> owned_;

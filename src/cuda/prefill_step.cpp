@@ -1,6 +1,7 @@
 #include "prefill_step.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "moe_route_prefill.h"
 #include "qgemm.h"
 #include "rmsnorm_rows.h"
+#include "stage_timer.h"
 
 namespace lily::cuda {
 namespace {
@@ -26,7 +28,7 @@ namespace {
 int moe_tile_rows(const ModelConfig& c, int T, const PrefillOptions& opt) {
   if (opt.moe_tile) return opt.moe_tile;
   const int64_t per_expert = static_cast<int64_t>(T) * c.num_experts_per_tok / c.num_experts;
-  return per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : per_expert <= 160 ? 64 : 128;
+  return per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;  // 128-row tiles measured slower (perf-log P1)
 }
 
 // The ablation of GPU-resident routing: the host reads the expert counts back, waits,
@@ -47,8 +49,8 @@ void host_tile_list(PrefillWorkspace& ws, int E, int rows, int max_tiles, cudaSt
   check(cudaMemcpy(ws.n_tiles, &n, sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy (tile count)");
 }
 
-// Dense-GEMM tile rows by chunk length: enough row tiles to fill the GPU.
-int dense_tile_rows(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 256 ? 64 : 128; }
+// Dense-GEMM tile rows by chunk length.
+int dense_tile_rows(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : 64; }  // 64 beats 128 at T = 4096 (perf-log P1)
 
 GemmArgs dense(const QMat& W, const uint16_t* x, int ldx, int T) {
   GemmArgs g;
@@ -67,6 +69,7 @@ PrefillOptions PrefillOptions::from_env() {
   if (o.moe_tile != 0 && o.moe_tile != 16 && o.moe_tile != 32 && o.moe_tile != 64 && o.moe_tile != 128)
     fail("LILY_PREFILL_MOE_TILE must be 16, 32, 64 or 128, got ", std::to_string(o.moe_tile));
   o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
+  o.profile = env_int("LILY_PREFILL_PROFILE", 0) != 0;
   return o;
 }
 
@@ -151,6 +154,7 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
 
 void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
                      const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
+  std::unique_ptr<StageTimer> timer = opt.profile ? std::make_unique<StageTimer>(stream) : nullptr;
   if (T > ws.capacity) fail("prefill: chunk of ", std::to_string(T), " tokens exceeds the workspace (", std::to_string(ws.capacity), ")");
   const int H = static_cast<int>(c.hidden_size), k = static_cast<int>(c.num_experts_per_tok);
   const int E = static_cast<int>(c.num_experts), I = static_cast<int>(c.moe_intermediate_size);
@@ -163,14 +167,17 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
   const int max_tiles = moe_max_tiles(T * k, ws.tile_m, E);
 
   embed_rows(W.embed, ws.tokens, T, ws.h, stream);
+  if (timer) timer->mark("embed");
   int full = 0, lin = 0;
   for (const DeviceLayer& L : W.layers) {
     rmsnorm_rows(ws.h, L.input_norm, T, H, eps, ws.xb, nullptr, stream);
+    if (timer) timer->mark("rmsnorm");
     if (L.kind == LayerKind::Linear) {
       GemmArgs in = dense(L.gdn_in, ws.xb, H, T);
       in.y = ws.proj;
       in.ldy = gdn_rows;
       qgemm(in, dense_tile, stream);
+      if (timer) timer->mark("gemm mixer in");
       const int Hk = static_cast<int>(c.linear_num_key_heads), Hv = static_cast<int>(c.linear_num_value_heads);
       const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
       GdnConvPrefillArgs conv;
@@ -192,6 +199,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       conv.Dk = Dk;
       conv.Dv = Dv;
       gdn_conv_prefill(conv, stream);
+      if (timer) timer->mark("gdn conv");
       GdnScanPrefillArgs scan;
       scan.q = ws.q;
       scan.k = ws.k;
@@ -206,6 +214,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       scan.Dk = Dk;
       scan.Dv = Dv;
       gdn_scan_prefill(scan, stream);
+      if (timer) timer->mark("gdn scan");
       GdnGatedNormArgs norm;
       norm.o = ws.o;
       norm.z = ws.proj + c.gdn_conv_dim();
@@ -217,17 +226,20 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       norm.Hv = Hv;
       norm.Dv = Dv;
       gdn_gated_norm(norm, stream);
+      if (timer) timer->mark("gdn gated norm");
       GemmArgs out = dense(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), T);
       out.epi = GemmEpilogue::Add;
       out.y = ws.h;
       out.ldy = H;
       qgemm(out, dense_tile, stream);
+      if (timer) timer->mark("gemm mixer out");
       ++lin;
     } else {
       GemmArgs in = dense(L.attn_in, ws.xb, H, T);
       in.y = ws.proj;
       in.ldy = attn_rows;
       qgemm(in, dense_tile, stream);
+      if (timer) timer->mark("gemm mixer in");
       AttnPrefillArgs a;
       a.proj = ws.proj;
       a.ldp = attn_rows;
@@ -248,16 +260,19 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       a.rot_dim = static_cast<int>(c.rotary_dim());
       a.eps = eps;
       attention_prefill(a, stream);
+      if (timer) timer->mark("attention");
       GemmArgs out = dense(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), T);
       out.epi = GemmEpilogue::Add;
       out.y = ws.h;
       out.ldy = H;
       qgemm(out, dense_tile, stream);
+      if (timer) timer->mark("gemm mixer out");
       ++full;
     }
 
     // MoE: route on the GPU, then grouped expert GEMMs over the rows sorted by expert.
     rmsnorm_rows(ws.h, L.post_norm, T, H, eps, ws.xb, ws.xf, stream);
+    if (timer) timer->mark("rmsnorm");
     MoeRouteArgs r;
     r.router = L.router;
     r.x = ws.xf;
@@ -281,6 +296,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     r.max_tiles = max_tiles;
     moe_route_prefill(r, stream);
     if (opt.host_routing) host_tile_list(ws, E, T * k, max_tiles, stream);
+    if (timer) timer->mark("moe route");
 
     const MoeExperts& m = L.experts;
     GemmArgs gu = dense(m.gate_up, ws.xb, H, T * k);
@@ -294,6 +310,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     gu.max_tiles = max_tiles;
     gu.expert_rows = 2 * I;
     qgemm(gu, ws.tile_m, stream);
+    if (timer) timer->mark("moe experts gate/up");
     GemmArgs dn = dense(m.down, ws.act, I, T * k);
     dn.y = ws.y_slots;
     dn.ldy = H;
@@ -304,6 +321,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     dn.max_tiles = max_tiles;
     dn.expert_rows = H;
     qgemm(dn, ws.tile_m, stream);
+    if (timer) timer->mark("moe experts down");
 
     GemmArgs sgu = dense(m.shared_gate_up, ws.xb, H, T);
     sgu.epi = GemmEpilogue::SwiGlu;
@@ -315,8 +333,11 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     sdn.y = ws.y_shared;
     sdn.ldy = H;
     qgemm(sdn, dense_tile, stream);
+    if (timer) timer->mark("moe shared expert");
     moe_combine(ws.h, ws.y_slots, ws.y_shared, ws.shared_logit, T, H, k, stream);
+    if (timer) timer->mark("moe combine");
   }
+  if (timer) timer->report(T);
 }
 
 void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, int row0, int rows,
