@@ -7,6 +7,7 @@
 #   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
+#   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
 #   ops          the kernel registry with a cold L2 (benchmarks/ops)
 #   bench        `lily bench --synthetic 35b` over LILY_BENCH_LENGTHS (default 512,4K;
 #                LILY_BENCH_COMPARE=hf adds the transformers peer) into OUT_DIR/bench
@@ -64,6 +65,13 @@ if [ "$pip_rc" = 0 ]; then
   want consistency && run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
   want decode && run_step decode 240 decode.log python3 benchmarks/ops/cuda_decode.py --contexts "${LILY_DECODE_CONTEXTS:-512,4096}" --json "$OUT/decode.json"
   want profile && run_step profile 200 profile.log env LILY_PREFILL_PROFILE=1 python3 benchmarks/ops/cuda_decode.py --contexts 4096,32768 --steps 4
+  if want ablations; then
+    : > "$OUT/ablations.log"
+    for switch in "" LILY_PREFILL_MOE_TILE=16 LILY_PREFILL_MOE_TILE=32 LILY_PREFILL_MOE_TILE=128 LILY_PREFILL_HOST_ROUTING=1; do
+      echo "== ${switch:-default}" >> "$OUT/ablations.log"
+      timeout 120 env $switch python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 >> "$OUT/ablations.log" 2>&1
+    done
+  fi
   if want ops && [ -x benchmarks/ops/run.sh ]; then
     run_step ops 240 ops.log benchmarks/ops/run.sh --json "$OUT/ops.json"
   fi
@@ -82,7 +90,8 @@ grep -E '^FAIL' "$OUT/kernel_tests.log" 2>/dev/null | head -30
 for k in "${!RC[@]}"; do echo "$k: rc=${RC[$k]}"; done | sort
 [ -f "$OUT/pytest_cuda.log" ] && grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest_cuda.log" | tail -15
 grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
-grep -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null | tail -17
+grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
+grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'

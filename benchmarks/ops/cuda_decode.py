@@ -40,7 +40,7 @@ def main() -> None:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config))
         t0 = time.perf_counter()
-        engine = _lily.Engine.random(str(path), "cuda", 0, 512)
+        engine = _lily.Engine.random(str(path), "cuda", 0, 0)  # the device's prefill chunk (4096)
         load_s = time.perf_counter() - t0
     print(f"engine: {engine.device}, {engine.weight_bytes / 2**30:.1f} GiB of weights, built in {load_s:.1f} s", flush=True)
     rows = []
