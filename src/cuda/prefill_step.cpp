@@ -22,35 +22,20 @@
 namespace lily::cuda {
 namespace {
 
-// Rows per grouped-GEMM tile from the rows an expert receives on average (T*k/E):
-// small tiles waste no tensor-core rows on lightly loaded experts, large tiles re-read
-// each expert's weights fewer times once experts are full.
+// Rows per grouped-GEMM tile from the rows an expert receives on average (T*k/E): 16 for
+// a few rows per expert, else 32 (measured at T = 4096, 128 rows per expert: 32-row tiles
+// 24.8K tok/s, 64: 24.0K, 16: 23.3K, 128: 21.6K; perf-log P2).
 int moe_tile_rows(const ModelConfig& c, int T, const PrefillOptions& opt) {
   if (opt.moe_tile) return opt.moe_tile;
   const int64_t per_expert = static_cast<int64_t>(T) * c.num_experts_per_tok / c.num_experts;
-  return per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;  // 128-row tiles measured slower (perf-log P1)
+  return per_expert <= 12 ? 16 : 32;
 }
 
-// The ablation of GPU-resident routing: the host reads the expert counts back, waits,
-// and builds the tile list itself (what an engine without device-side routing does once
-// per layer). The list equals the device's, so results are bit-identical.
-void host_tile_list(PrefillWorkspace& ws, int E, int rows, int max_tiles, cudaStream_t stream) {
-  std::vector<int> counts(E);
-  check(cudaMemcpyAsync(counts.data(), ws.counts, E * sizeof(int), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (counts)");
-  check(cudaStreamSynchronize(stream), "prefill routing (host round trip)");
-  std::vector<int4> tiles;
-  int sum = 0;
-  for (int e = 0; e < E; sum += counts[e], ++e)
-    for (int r = 0; r < counts[e]; r += ws.tile_m) tiles.push_back(make_int4(e, sum + r, std::min(ws.tile_m, counts[e] - r), 0));
-  if (sum != rows || static_cast<int>(tiles.size()) > max_tiles)
-    fail("prefill routing: the expert counts do not add up to the routed rows");
-  const int n = static_cast<int>(tiles.size());
-  check(cudaMemcpy(ws.tiles, tiles.data(), n * sizeof(int4), cudaMemcpyHostToDevice), "cudaMemcpy (tiles)");
-  check(cudaMemcpy(ws.n_tiles, &n, sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy (tile count)");
+// Dense-GEMM tile rows by chunk length (64 beats 128 at T = 4096, perf-log P1).
+int dense_tile_rows(int T, const PrefillOptions& opt) {
+  if (opt.dense_tile) return opt.dense_tile;
+  return T <= 16 ? 16 : T <= 32 ? 32 : 64;
 }
-
-// Dense-GEMM tile rows by chunk length.
-int dense_tile_rows(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : 64; }  // 64 beats 128 at T = 4096 (perf-log P1)
 
 GemmArgs dense(const QMat& W, const uint16_t* x, int ldx, int T) {
   GemmArgs g;
@@ -66,8 +51,10 @@ GemmArgs dense(const QMat& W, const uint16_t* x, int ldx, int T) {
 PrefillOptions PrefillOptions::from_env() {
   PrefillOptions o;
   o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0);
-  if (o.moe_tile != 0 && o.moe_tile != 16 && o.moe_tile != 32 && o.moe_tile != 64 && o.moe_tile != 128)
-    fail("LILY_PREFILL_MOE_TILE must be 16, 32, 64 or 128, got ", std::to_string(o.moe_tile));
+  o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0);
+  for (int t : {o.moe_tile, o.dense_tile})
+    if (t != 0 && t != 16 && t != 32 && t != 64 && t != 128)
+      fail("LILY_PREFILL_MOE_TILE and LILY_PREFILL_DENSE_TILE must be 16, 32, 64 or 128, got ", std::to_string(t));
   o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
   o.profile = env_int("LILY_PREFILL_PROFILE", 0) != 0;
   return o;
@@ -162,7 +149,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
   const int gdn_rows = static_cast<int>(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads);
   const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const int dense_tile = dense_tile_rows(T);
+  const int dense_tile = dense_tile_rows(T, opt);
   ws.tile_m = moe_tile_rows(c, T, opt);
   const int max_tiles = moe_max_tiles(T * k, ws.tile_m, E);
 

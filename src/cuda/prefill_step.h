@@ -19,6 +19,7 @@ namespace lily::cuda {
 // ablation measured in docs/perf-log.md).
 struct PrefillOptions {
   int moe_tile = 0;          // LILY_PREFILL_MOE_TILE: rows per grouped-GEMM tile (16/32/64/128; 0 = by load)
+  int dense_tile = 0;        // LILY_PREFILL_DENSE_TILE: rows per dense-GEMM tile (16/32/64/128; 0 = by length)
   bool host_routing = false; // LILY_PREFILL_HOST_ROUTING=1: expert offsets via a host round trip per layer
   bool profile = false;      // LILY_PREFILL_PROFILE=1: per-op times of each chunk to stderr
   static PrefillOptions from_env();
