@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "qmma.cuh"
+#include "qgemm_core.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -33,33 +33,6 @@ struct Tile {
   static_assert(BM / 16 <= kWarps, "one warp sums each 16 rows of X");
   static_assert(kCodeCopies * kThreads == kBlocks * 32 && kXCopies * kThreads == BM * 8 && kThreads >= 32);
 };
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  // src_bytes 0: nothing is read and the 16 bytes are zero-filled.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d = a · b with a fresh accumulator (the first k-step of a group).
-__device__ __forceinline__ void mma_16816_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-__device__ __forceinline__ uint32_t kstep_word(const uint4& v, int j) {
-  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
 
 // Grid: x = feature blocks of 128, y = row tiles (dense) or tile-list entries (grouped).
 // Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) ends with acc[rb][nt][i] =
@@ -343,6 +316,7 @@ void qgemm(const GemmArgs& a, int tile_m, cudaStream_t stream) {
   const int n_feat = grouped ? a.expert_rows : a.W.rows;
   const int blocks_y = grouped ? a.max_tiles : (a.M + tile_m - 1) / tile_m;
   if (a.M == 0 || blocks_y == 0) return;  // nothing to compute
+  if (a.weights_bf16) return qgemm_bf16w(a, tile_m, blocks_y, stream);
   const dim3 grid((n_feat + 127) / 128, blocks_y);
   switch (tile_m) {
     case 16: launch_tile<16>(a, grid, stream); break;
