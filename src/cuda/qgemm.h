@@ -6,6 +6,12 @@
 // per group g of 64 columns, with C_g = (128 + q) · X_gᵀ and xsum_g = Σ X_g (fp32):
 //   y[r][t] += s[r][g] * C_g[r][t] + (b[r][g] - 128 s[r][g]) * xsum_g[t]
 //
+// With weights_bf16 the kernel (qgemm_bf16w.cu) instead dequantises each weight to bf16 the
+// way MLX's GPU kernels do, w = bf16(s q + b) (one rounding per weight), and accumulates
+// X · wᵀ over all of K in fp32: faster (no per-group fold, larger warp tiles), and
+// exact up to that rounding (~1e-2 relative to the exact weights; the default route
+// has ~1e-5).
+//
 // Dense mode (tiles == nullptr): GEMM rows 0 .. M-1, features 0 .. W.rows-1.
 // Grouped mode (MoE): W stacks experts of expert_rows rows each; block y of the launch
 // computes tiles[y] = {expert, row0, rows, 0}: GEMM rows row0 .. row0+rows-1 (rows <= the
@@ -48,9 +54,10 @@ struct GemmArgs {
   const int* n_tiles = nullptr;   // grouped mode: number of valid tiles (device)
   int max_tiles = 0;              // grouped mode: grid bound (blocks per feature block)
   int expert_rows = 0;            // grouped mode: rows per expert in W (multiple of 16)
+  bool weights_bf16 = false;      // bf16-rounded weights, one fp32 sum over K (see above)
 };
 
-// One launch; grid = (ceil(features / 128), dense ? ceil(M / tile_m) : max_tiles).
+// One launch; grid = (ceil(features / 128) (weights_bf16: / 256), dense ? ceil(M / tile_m) : max_tiles).
 // tile_m (rows per block) in {16, 32, 64, 128}; grouped mode: the tile size the list was
 // built for (a tile's rows are clipped to tile_m and to M - row0, never past them).
 // Limits (checked, fail("qgemm: ...")): K % 64 == 0; x 16-byte aligned, ldx % 8 == 0;
