@@ -31,6 +31,24 @@ int moe_tile_rows(const ModelConfig& c, int T, const PrefillOptions& opt) {
   return per_expert <= 12 ? 16 : 32;
 }
 
+// The ablation of GPU-resident routing: the host reads the expert counts back, waits,
+// and builds the tile list itself (what an engine without device-side routing does once
+// per layer). The list equals the device's, so results are bit-identical.
+void host_tile_list(PrefillWorkspace& ws, int E, int rows, int max_tiles, cudaStream_t stream) {
+  std::vector<int> counts(E);
+  check(cudaMemcpyAsync(counts.data(), ws.counts, E * sizeof(int), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (counts)");
+  check(cudaStreamSynchronize(stream), "prefill routing (host round trip)");
+  std::vector<int4> tiles;
+  int sum = 0;
+  for (int e = 0; e < E; sum += counts[e], ++e)
+    for (int r = 0; r < counts[e]; r += ws.tile_m) tiles.push_back(make_int4(e, sum + r, std::min(ws.tile_m, counts[e] - r), 0));
+  if (sum != rows || static_cast<int>(tiles.size()) > max_tiles)
+    fail("prefill routing: the expert counts do not add up to the routed rows");
+  const int n = static_cast<int>(tiles.size());
+  check(cudaMemcpy(ws.tiles, tiles.data(), n * sizeof(int4), cudaMemcpyHostToDevice), "cudaMemcpy (tiles)");
+  check(cudaMemcpy(ws.n_tiles, &n, sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy (tile count)");
+}
+
 // Dense-GEMM tile rows by chunk length (64 beats 128 at T = 4096, perf-log P1).
 int dense_tile_rows(int T, const PrefillOptions& opt) {
   if (opt.dense_tile) return opt.dense_tile;
@@ -336,7 +354,7 @@ void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWor
   GemmArgs g = dense(W.lm_head, ws.xb, H, rows);
   g.y = ws.logits;
   g.ldy = static_cast<int>(c.vocab_size);
-  qgemm(g, dense_tile_rows(rows), stream);
+  qgemm(g, dense_tile_rows(rows, PrefillOptions{}), stream);
 }
 
 }  // namespace lily::cuda
