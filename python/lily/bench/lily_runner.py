@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from .runners import RunOptions, Timing
 from .target import Target
 
@@ -26,9 +28,13 @@ class LilyRunner:
         from .. import _lily
 
         engine = self.model._engine
-        return {"device": self.model.device, "weights": engine.source_layout, "weight_bytes": engine.weight_bytes,
+        info = {"device": self.model.device, "weights": engine.source_layout, "weight_bytes": engine.weight_bytes,
                 "prefill_chunk": engine.prefill_chunk, "prefill_route": engine.prefill_route,
                 "cpu_threads": _lily.num_threads()}
+        settings = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("LILY_") and k != "LILY_GIT_COMMIT")
+        if settings:
+            info["settings"] = settings
+        return info
 
     def run(self, prompt: list[int], new_tokens: int) -> Timing:
         session = self.model.new_session(len(prompt) + new_tokens)
