@@ -13,6 +13,7 @@
 #include "attention_prefill.h"
 #include "bench.h"
 #include "embed_rows.h"
+#include "gdn_chunked_prefill.h"
 #include "gdn_conv_prefill.h"
 #include "gdn_gated_norm.h"
 #include "gdn_scan_prefill.h"
@@ -117,6 +118,23 @@ void add_prefill_ops(std::vector<Op>& ops) {
                    a.o = A.normal(size_t(kT) * kHv * kDh);
                    a.T = kT, a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
                    return [=](cudaStream_t s) { gdn_scan_prefill(a, s); };
+                 }});
+  ops.push_back({"gdn_chunked_prefill", "T " + std::to_string(kT) + ", 32 heads x 128x128, chunks of 64",
+                 qk + v + gates + 2 * state + v,
+                 // per token: K K^T, Q K^T rows (2 x 64 Dk), substitution (32 (Dk + Dv)), W S, Q S,
+                 // P D, K^T D (3 Dk Dv + 64 Dv) as multiply-adds
+                 2.0 * kT * kHv * (2 * 64 * kDh + 32 * 2 * kDh + 3 * kDh * kDh + 64 * kDh),
+                 [](Arena& A) -> Launch {
+                   const GdnConvPrefillArgs c = gdn_conv_args(A);  // as for gdn_scan_prefill
+                   gdn_conv_prefill(c, nullptr);
+                   GdnChunkedPrefillArgs a;
+                   a.q = c.q, a.k = c.k, a.v = c.v, a.beta = c.beta, a.decay = c.decay;
+                   a.state = A.normal(size_t(kHv) * kDh * kDh, 0.1f);
+                   a.o = A.normal(size_t(kT) * kHv * kDh);
+                   a.scratch_bytes = gdn_chunked_prefill_scratch_bytes(kT, kHv, kDh, kDh);
+                   a.scratch = A.zeros<unsigned char>(a.scratch_bytes);
+                   a.T = kT, a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
+                   return [=](cudaStream_t s) { gdn_chunked_prefill(a, s); };
                  }});
   ops.push_back({"gdn_gated_norm -> bf16", "T " + std::to_string(kT) + ", 32 heads x 128", 2 * v + kDh * 4.0 + v / 2, 0,
                  [](Arena& A) -> Launch {

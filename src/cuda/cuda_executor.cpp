@@ -211,7 +211,7 @@ void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int64_t n, flo
     pws_.reset();
     int cap = 64;
     while (cap < T) cap *= 2;
-    pws_ = std::make_unique<PrefillWorkspace>(c, static_cast<int>(std::min<int64_t>(cap, std::max<int64_t>(prefill_chunk, T))));
+    pws_ = std::make_unique<PrefillWorkspace>(c, static_cast<int>(std::min<int64_t>(cap, std::max<int64_t>(prefill_chunk, T))), popt_);
   }
   reserve_staging(n + 1);
   std::copy(tokens, tokens + n, staging_);

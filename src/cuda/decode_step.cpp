@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "attention_decode.h"
+#include "env.h"
 #include "gdn_decode.h"
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
+#include "moe_fused.h"
 #include "moe_router.h"
 #include "sampler.h"
 
@@ -31,6 +33,8 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
   shared_gate = alloc<float>(1, "workspace shared gate");
   router_counter = alloc<unsigned>(1, "workspace router counter");
+  moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
+  moe_fused = env_int("LILY_CUDA_MOE_FUSED", 0) != 0;
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)
@@ -127,11 +131,17 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xm.w = L.post_norm;
     xm.eps = eps;
     const int k = c.num_experts_per_tok;
-    moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-               {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
-    moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
     const bool last = i + 1 == W.layers.size();
-    moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
+    if (ws.moe_fused) {
+      moe_fused(L.router, L.experts, xm, k, c.norm_topk_prob,
+                {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.act, ws.moe_sync}, ws.h,
+                last ? s.pos : nullptr, halt, stream);
+    } else {
+      moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
+                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
+      moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
+      moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
+    }
   }
 }
 

@@ -32,6 +32,8 @@ class Workspace {
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
   unsigned *router_counter = nullptr, *head_counter = nullptr;
+  unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
+  bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host

@@ -1,6 +1,8 @@
 #include "prefill_step.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "embed_rows.h"
 #include "env.h"
 #include "error.h"
+#include "gdn_chunked_prefill.h"
 #include "gdn_conv_prefill.h"
 #include "gdn_gated_norm.h"
 #include "gdn_scan_prefill.h"
@@ -75,6 +78,11 @@ PrefillOptions PrefillOptions::from_env() {
       fail("LILY_PREFILL_MOE_TILE and LILY_PREFILL_DENSE_TILE must be 16, 32, 64 or 128, got ", std::to_string(t));
   o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
   o.profile = env_int("LILY_PREFILL_PROFILE", 0) != 0;
+  if (const char* g = std::getenv("LILY_PREFILL_GDN"); g && *g) {
+    if (std::strcmp(g, "chunked") != 0 && std::strcmp(g, "scan") != 0)
+      fail("LILY_PREFILL_GDN must be 'scan' or 'chunked', got '", g, "'");
+    o.gdn_chunked = std::strcmp(g, "chunked") == 0;
+  }
   return o;
 }
 
@@ -84,7 +92,7 @@ T* PrefillWorkspace::alloc(size_t n, const char* what) {
   return owned_.back().as<T>();
 }
 
-PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap) : capacity(cap) {
+PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillOptions& opt) : capacity(cap) {
   const size_t T = cap, H = c.hidden_size, k = c.num_experts_per_tok, E = c.num_experts;
   const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
   const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
@@ -102,6 +110,11 @@ PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap) : capacity(cap
     beta = alloc<float>(T * Hv, "prefill GDN beta");
     decay = alloc<float>(T * Hv, "prefill GDN decay");
     o = alloc<float>(T * val, "prefill GDN output");
+    if (opt.gdn_chunked) {
+      gdn_scratch_bytes = gdn_chunked_prefill_scratch_bytes(cap, static_cast<int>(Hv), static_cast<int>(c.linear_key_head_dim),
+                                                            static_cast<int>(c.linear_value_head_dim));
+      gdn_scratch = alloc<unsigned char>(gdn_scratch_bytes, "prefill GDN chunk factors");
+    }
   }
   if (c.num_full_layers() > 0) {
     attn_scratch_bytes = attention_prefill_scratch_bytes(cap, c.num_attention_heads, c.head_dim);
@@ -218,7 +231,26 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       scan.Hv = Hv;
       scan.Dk = Dk;
       scan.Dv = Dv;
-      gdn_scan_prefill(scan, stream);
+      if (opt.gdn_chunked) {
+        GdnChunkedPrefillArgs x;
+        x.q = ws.q;
+        x.k = ws.k;
+        x.v = ws.v;
+        x.beta = ws.beta;
+        x.decay = ws.decay;
+        x.state = scan.state;
+        x.o = ws.o;
+        x.scratch = ws.gdn_scratch;
+        x.scratch_bytes = ws.gdn_scratch_bytes;
+        x.T = T;
+        x.Hk = Hk;
+        x.Hv = Hv;
+        x.Dk = Dk;
+        x.Dv = Dv;
+        gdn_chunked_prefill(x, stream);
+      } else {
+        gdn_scan_prefill(scan, stream);
+      }
       if (timer) timer->mark("gdn scan");
       GdnGatedNormArgs norm;
       norm.o = ws.o;

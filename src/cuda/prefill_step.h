@@ -22,6 +22,7 @@ struct PrefillOptions {
   int dense_tile = 0;        // LILY_PREFILL_DENSE_TILE: rows per dense-GEMM tile (16/32/64/128; 0 = by length)
   bool host_routing = false; // LILY_PREFILL_HOST_ROUTING=1: expert offsets via a host round trip per layer
   bool profile = false;      // LILY_PREFILL_PROFILE=1: per-op times of each chunk to stderr
+  bool gdn_chunked = false;  // LILY_PREFILL_GDN=chunked: chunked (WY) Gated DeltaNet instead of the sequential scan
   static PrefillOptions from_env();
 };
 
@@ -29,7 +30,7 @@ struct PrefillOptions {
 // memory depends on the chunk size, never on the prompt length.
 class PrefillWorkspace {
  public:
-  PrefillWorkspace(const ModelConfig& c, int capacity);
+  PrefillWorkspace(const ModelConfig& c, int capacity, const PrefillOptions& opt);
   int capacity = 0;
   int* tokens = nullptr;          // [T]
   float* h = nullptr;             // [T][H] residual stream
@@ -38,6 +39,8 @@ class PrefillWorkspace {
   float* proj = nullptr;          // [T][max(GDN, attention) input-projection rows]
   // Gated DeltaNet
   float *q = nullptr, *k = nullptr, *v = nullptr, *beta = nullptr, *decay = nullptr, *o = nullptr;
+  void* gdn_scratch = nullptr;  // chunked form only
+  size_t gdn_scratch_bytes = 0;
   // Attention
   void* attn_scratch = nullptr;
   size_t attn_scratch_bytes = 0;

@@ -1,11 +1,14 @@
-// Gated DeltaNet prefill (conv + gates, scan, gated norm) against an fp64 reference that
-// runs gdn_decode's maths token by token, conv ring included: chunk lengths around the
-// kernels' tiles (32-token runs and stages), chunked prefill continuing from an earlier
-// chunk's ring and state, and gdn_decode continuing after a prefill (the ring and state
-// layouts agree). Timings of the three kernels at the 35B-A3B shape, T = 4096.
+// Gated DeltaNet prefill (conv + gates, recurrence, gated norm) against an fp64 reference
+// that runs gdn_decode's maths token by token, conv ring included: chunk lengths around
+// the kernels' tiles (32-token runs and stages, 64-token chunks), chunked prefill
+// continuing from an earlier chunk's ring and state, and gdn_decode continuing after a
+// prefill (the ring and state layouts agree). The recurrence is run by each of its two
+// kernels: gdn_scan_prefill (sequential) and gdn_chunked_prefill (chunked WY form).
+// Timings of the kernels at the 35B-A3B shape, T = 4096.
 #include <algorithm>
 #include <numeric>
 
+#include "gdn_chunked_prefill.h"
 #include "gdn_conv_prefill.h"
 #include "gdn_decode.h"
 #include "gdn_gated_norm.h"
@@ -131,10 +134,12 @@ bool untouched(const T* p, size_t n) {
                      [](unsigned char b) { return b == 0xFF; });
 }
 
+enum class Recurrence { Scan, Chunked };
+
 // Prefill of chunks[0], chunks[1], ... tokens from position pos0 (a zero ring at 0, a
 // random history otherwise) and a random state, then one gdn_decode step; every output
 // of every kernel against the reference.
-void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uint64_t seed) {
+void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uint64_t seed, Recurrence rec) {
   Rng r(seed);
   const int cd = sh.conv_dim(), np = sh.n_proj(), ldp = (np + 4 + 3) / 4 * 4;  // padded, a multiple of 4
   const int total = std::accumulate(chunks.begin(), chunks.end(), 0), tmax = *std::max_element(chunks.begin(), chunks.end());
@@ -159,6 +164,8 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   float *d_q = dev_alloc<float>(rows * kd), *d_k = dev_alloc<float>(rows * kd), *d_v = dev_alloc<float>(rows * vd);
   float *d_beta = dev_alloc<float>(rows * sh.Hv), *d_decay = dev_alloc<float>(rows * sh.Hv), *d_o = dev_alloc<float>(rows * vd);
   uint16_t* d_out = dev_alloc<uint16_t>(rows * vd);
+  const size_t scratch_bytes = gdn_chunked_prefill_scratch_bytes(tmax, sh.Hv, sh.Dk, sh.Dv);
+  float* d_scratch = dev_alloc<float>(scratch_bytes / sizeof(float));
 
   double conv_err = 0, o_err = 0, norm_err = 0;
   bool tail_ok = true;
@@ -175,10 +182,18 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
     ca.q = d_q, ca.k = d_k, ca.v = d_v, ca.beta = d_beta, ca.decay = d_decay;
     ca.T = T, ca.pos0 = pos0 + t0, ca.Hk = sh.Hk, ca.Hv = sh.Hv, ca.Dk = sh.Dk, ca.Dv = sh.Dv;
     gdn_conv_prefill(ca, 0);
-    GdnScanPrefillArgs sa;
-    sa.q = d_q, sa.k = d_k, sa.v = d_v, sa.beta = d_beta, sa.decay = d_decay, sa.state = d_state, sa.o = d_o;
-    sa.T = T, sa.Hk = sh.Hk, sa.Hv = sh.Hv, sa.Dk = sh.Dk, sa.Dv = sh.Dv;
-    gdn_scan_prefill(sa, 0);
+    if (rec == Recurrence::Scan) {
+      GdnScanPrefillArgs sa;
+      sa.q = d_q, sa.k = d_k, sa.v = d_v, sa.beta = d_beta, sa.decay = d_decay, sa.state = d_state, sa.o = d_o;
+      sa.T = T, sa.Hk = sh.Hk, sa.Hv = sh.Hv, sa.Dk = sh.Dk, sa.Dv = sh.Dv;
+      gdn_scan_prefill(sa, 0);
+    } else {
+      GdnChunkedPrefillArgs xa;
+      xa.q = d_q, xa.k = d_k, xa.v = d_v, xa.beta = d_beta, xa.decay = d_decay, xa.state = d_state, xa.o = d_o;
+      xa.scratch = d_scratch, xa.scratch_bytes = scratch_bytes;
+      xa.T = T, xa.Hk = sh.Hk, xa.Hv = sh.Hv, xa.Dk = sh.Dk, xa.Dv = sh.Dv;
+      gdn_chunked_prefill(xa, 0);
+    }
     GdnGatedNormArgs na;
     na.o = d_o, na.z = chunk_proj + cd, na.ldz = ldp, na.w = d_norm_w, na.eps = 1e-6f, na.out = d_out;
     na.T = T, na.Hv = sh.Hv, na.Dv = sh.Dv;
@@ -209,13 +224,14 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
     t0 += T;
   }
 
-  std::string name = "gdn prefill Hk" + std::to_string(sh.Hk) + " Hv" + std::to_string(sh.Hv) + " Dk" + std::to_string(sh.Dk) +
-                     " Dv" + std::to_string(sh.Dv) + ", T ";
+  std::string name = std::string(rec == Recurrence::Scan ? "gdn prefill (scan)" : "gdn prefill (chunked)") + " Hk" +
+                     std::to_string(sh.Hk) + " Hv" + std::to_string(sh.Hv) + " Dk" + std::to_string(sh.Dk) + " Dv" +
+                     std::to_string(sh.Dv) + ", T ";
   for (size_t i = 0; i < chunks.size(); ++i) name += (i ? "+" : "") + std::to_string(chunks[i]);
   name += " from pos " + std::to_string(pos0);
   std::printf("%s\n", name.c_str());
   report("  conv: q, k, v, beta, decay", conv_err, 1e-5);
-  report("  scan: o", o_err, 1e-4);
+  report(rec == Recurrence::Scan ? "  scan: o" : "  chunked (3xTF32): o", o_err, 1e-4);
   report("  gated norm (bf16, vs the kernel's o)", norm_err, 1e-2);
   expect("  nothing written past row T", tail_ok);
   report("  state after the chunks", rel_err(from_decode_layout(sh, from_dev(d_state, sh.state_size())), ref.S), 1e-4);
@@ -239,13 +255,14 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   report("  then gdn_decode: o", rel_err(from_dev(da.out, vd), ref.o), 1e-4);
   report("  then gdn_decode: state", rel_err(from_decode_layout(sh, from_dev(d_state2, sh.state_size())), ref.S), 1e-4);
 
-  for (float* p : {d_proj, d_conv_w, d_dt_bias, d_neg_A, d_norm_w, d_ring, d_state, d_state2, d_q, d_k, d_v, d_beta, d_decay, d_o, da.out})
+  for (float* p : {d_proj, d_conv_w, d_dt_bias, d_neg_A, d_norm_w, d_ring, d_state, d_state2, d_q, d_k, d_v, d_beta, d_decay, d_o, da.out,
+                   d_scratch})
     cudaFree(p);
   cudaFree(d_out), cudaFree(d_pos);
 }
 
-// The three kernels at the 35B-A3B shape over one 4096-token chunk (no reference: the
-// outputs must only be finite); prints the time per kernel and per token.
+// The kernels at the 35B-A3B shape over one 4096-token chunk (no reference: the outputs
+// must only be finite); prints the time per kernel and per token.
 void time_prefill() {
   const Shape sh{16, 32, 128, 128};
   const int T = 4096, cd = sh.conv_dim(), ldp = sh.n_proj();
@@ -269,12 +286,18 @@ void time_prefill() {
   GdnScanPrefillArgs sa;
   sa.q = d_q, sa.k = d_k, sa.v = d_v, sa.beta = d_beta, sa.decay = d_decay, sa.state = d_state, sa.o = d_o;
   sa.T = T, sa.Hk = sh.Hk, sa.Hv = sh.Hv, sa.Dk = sh.Dk, sa.Dv = sh.Dv;
+  GdnChunkedPrefillArgs xa;
+  xa.q = d_q, xa.k = d_k, xa.v = d_v, xa.beta = d_beta, xa.decay = d_decay, xa.state = d_state, xa.o = d_o;
+  xa.scratch_bytes = gdn_chunked_prefill_scratch_bytes(T, sh.Hv, sh.Dk, sh.Dv);
+  float* d_scratch = dev_alloc<float>(xa.scratch_bytes / sizeof(float), false);
+  xa.scratch = d_scratch;
+  xa.T = T, xa.Hk = sh.Hk, xa.Hv = sh.Hv, xa.Dk = sh.Dk, xa.Dv = sh.Dv;
   GdnGatedNormArgs na;
   na.o = d_o, na.z = d_proj + cd, na.ldz = ldp, na.w = d_norm_w, na.out = d_out, na.T = T, na.Hv = sh.Hv, na.Dv = sh.Dv;
 
-  cudaEvent_t ev[4];
+  cudaEvent_t ev[5];
   for (auto& e : ev) CK(cudaEventCreate(&e));
-  float ms[3] = {0, 0, 0};
+  float ms[4] = {0, 0, 0, 0};
   const int reps = 5;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
     CK(cudaEventRecord(ev[0]));
@@ -282,10 +305,12 @@ void time_prefill() {
     CK(cudaEventRecord(ev[1]));
     gdn_scan_prefill(sa, 0);
     CK(cudaEventRecord(ev[2]));
-    gdn_gated_norm(na, 0);
+    gdn_chunked_prefill(xa, 0);  // the alternative to the scan (it continues from the scan's state)
     CK(cudaEventRecord(ev[3]));
-    CK(cudaEventSynchronize(ev[3]));
-    for (int i = 0; i < 3 && rep > 0; ++i) {
+    gdn_gated_norm(na, 0);
+    CK(cudaEventRecord(ev[4]));
+    CK(cudaEventSynchronize(ev[4]));
+    for (int i = 0; i < 4 && rep > 0; ++i) {
       float t = 0;
       CK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
       ms[i] += t / reps;
@@ -293,12 +318,12 @@ void time_prefill() {
   }
   const auto o = from_dev(d_o, T * vd);
   expect("gdn prefill timing run: o finite", std::all_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
-  const char* names[3] = {"conv + gates", "scan", "gated norm"};
-  for (int i = 0; i < 3; ++i)
+  const char* names[4] = {"conv + gates", "scan", "chunked", "gated norm"};
+  for (int i = 0; i < 4; ++i)
     std::printf("time gdn %-12s Hk16 Hv32 Dk128 Dv128, T %d: %8.1f us (%.3f us/token)\n", names[i], T, ms[i] * 1e3,
                 ms[i] * 1e3 / T);
   for (auto& e : ev) cudaEventDestroy(e);
-  for (float* p : {d_proj, d_conv_w, d_dt_bias, d_neg_A, d_norm_w, d_ring, d_state, d_q, d_k, d_v, d_beta, d_decay, d_o})
+  for (float* p : {d_proj, d_conv_w, d_dt_bias, d_neg_A, d_norm_w, d_ring, d_state, d_q, d_k, d_v, d_beta, d_decay, d_o, d_scratch})
     cudaFree(p);
   cudaFree(d_out);
 }
@@ -307,15 +332,18 @@ void time_prefill() {
 
 void run_gdn_prefill_tests() {
   const Shape tiny{2, 4, 32, 32}, wide{2, 4, 128, 128}, real{16, 32, 128, 128}, odd{1, 3, 48, 80};
-  int seed = 1;
-  for (const Shape& sh : {tiny, wide, real})
-    for (const int T : {1, 2, 3, 5, 64, 257})
-      for (const int pos0 : {0, 6}) test_prefill(sh, {T}, pos0, seed++);
-  test_prefill(tiny, {100, 3, 61}, 0, 100);  // chunked ...
-  test_prefill(tiny, {164}, 0, 100);          // ... and the same tokens in one chunk
-  test_prefill(real, {100, 3, 61}, 0, 101);
-  test_prefill(real, {164}, 0, 101);
-  test_prefill(odd, {7, 33, 1}, 2, 102);  // Dk 48 (rows per lane 3), Dv 80 (16-column blocks)
+  for (const Recurrence rec : {Recurrence::Scan, Recurrence::Chunked}) {
+    int seed = 1;
+    for (const Shape& sh : {tiny, wide, real})
+      for (const int T : {1, 2, 3, 5, 64, 65, 257})
+        for (const int pos0 : {0, 6}) test_prefill(sh, {T}, pos0, seed++, rec);
+    test_prefill(tiny, {100, 3, 61}, 0, 100, rec);  // chunked ...
+    test_prefill(tiny, {164}, 0, 100, rec);          // ... and the same tokens in one chunk
+    test_prefill(real, {100, 3, 61}, 0, 101, rec);
+    test_prefill(real, {164}, 0, 101, rec);
+    test_prefill(odd, {7, 33, 1}, 2, 102, rec);  // Dk 48 (rows per lane 3), Dv 80 (16-column blocks)
+    if (rec == Recurrence::Chunked) test_prefill(real, {4096}, 0, 103, rec);  // the state carried over 64 chunks
+  }
   time_prefill();
 }
 
