@@ -7,6 +7,7 @@
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
+#include "moe_fused.h"
 #include "moe_router.h"
 #include "sampler.h"
 #include "shapes.h"
@@ -77,10 +78,12 @@ void add_gemv(std::vector<Op>& ops, const std::string& name, int rows, int cols,
                  }});
 }
 
-void add_attention(std::vector<Op>& ops, int ctx) {
+// attention_decode (SIMT) or attention_decode_tc (tensor cores) at position ctx - 1.
+void add_attention(std::vector<Op>& ops, int ctx, bool tensor_cores) {
   const double kv = 2.0 * ctx * kHkv * kD * 2;  // bf16 K and V rows up to the position
   const double bytes = kv + kAttnRows * 4.0 + kHq * kD * 4.0 + 2 * kD * 4.0;
-  ops.push_back({"attention_decode", "ctx " + std::to_string(ctx) + ", 16 q / 2 kv heads x 256", bytes,
+  ops.push_back({tensor_cores ? "attention_decode_tc" : "attention_decode",
+                 "ctx " + std::to_string(ctx) + ", 16 q / 2 kv heads x 256", bytes,
                  4.0 * kHq * ctx * kD, [=](Arena& A) -> Launch {
                    AttnArgs a;  // max_splits, min_chunk: the defaults, which the executor's Workspace uses
                    a.qkv = A.normal(kAttnRows);
@@ -94,6 +97,7 @@ void add_attention(std::vector<Op>& ops, int ctx) {
                    a.inv_freq = A.upload(rope_inv_freq(kRopeTheta, kRot));
                    a.Hq = kHq, a.Hkv = kHkv, a.D = kD, a.rot_dim = kRot;
                    a.eps = kEps;
+                   if (tensor_cores) return [=](cudaStream_t s) { attention_decode_tc(a, nullptr, s); };
                    return [=](cudaStream_t s) { attention_decode(a, nullptr, s); };
                  }});
 }
@@ -140,7 +144,8 @@ void add_decode_ops(std::vector<Op>& ops) {
                    a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
                    return [=](cudaStream_t s) { gdn_decode(a, nullptr, s); };
                  }});
-  for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx);
+  for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, false);
+  for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, true);
 
   // MoE: router (8-bit, E rows + the shared-expert gate row), then k experts + shared.
   const double router_bytes = qbytes(kE + 1, kH, 8) + 2 * kH * 4.0 + (kE + 1) * 4.0 + 2 * kTopK * 4.0 + 4;
@@ -186,6 +191,17 @@ void add_decode_ops(std::vector<Op>& ops) {
                      moe_gate_up(m, X, out.ids, kTopK, act, nullptr, s);
                      moe_down(m, act, out.ids, out.weights, out.shared_gate, kTopK, h, nullptr, nullptr, s);
                    };
+                 }});
+  ops.push_back({"moe fused block: router, gate_up, down (1 launch)", "E 256, top-8, I 512",
+                 qbytes(kE + 1, kH, 8) + gate_up_w + down_w + 3 * kH * 4.0,
+                 2.0 * ((kE + 1) + kTopK * 3 * kI + 3 * kIs) * kH, [](Arena& A) -> Launch {
+                   const QMat R = A.qmat(kE + 1, kH, 8, false);
+                   const MoeExperts m = experts(A);
+                   float* h = A.normal(kH);
+                   const XSpec X = rmsnorm_of(A, h);
+                   const MoeFusedScratch sc{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1),
+                                            A.normal(kTopK * kI + kIs), A.zeros<unsigned>(2)};
+                   return [=](cudaStream_t s) { moe_fused(R, m, X, kTopK, true, sc, h, nullptr, nullptr, s); };
                  }});
 
   // Output head: logits + greedy argmax in one launch; or logits, then top-k/top-p sampling.

@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "attention_common.cuh"
 #include "device_common.cuh"
 
 namespace lily::cuda {
@@ -10,7 +11,6 @@ namespace {
 
 constexpr int kWarps = 8;    // G <= 8 query heads per KV head
 constexpr int kTile = 4;     // keys per warp per step of the online softmax
-constexpr int kMaxSplits = 256;  // blocks per KV head at most (long contexts: 2 x 256 blocks keep every SM streaming)
 
 // DPL = D/32 bf16 values per lane, loaded as one 4/8/16-byte vector (L2 only: the
 // newest row was written by this block during this launch).
@@ -30,35 +30,6 @@ __device__ __forceinline__ void load_bf16(const uint16_t* p, float (&f)[DPL]) {
   for (int i = 0; i < DPL / 2; ++i) {
     f[2 * i] = bf16_lo(w[i]);
     f[2 * i + 1] = bf16_hi(w[i]);
-  }
-}
-
-// RMSNorm over the warp's D values (DPL per lane), then partial rotate-half RoPE on the
-// first rot dims: dim d pairs with d +- rot/2, which lives `rot/2/DPL` lanes away. The
-// angle is fp32 pos * inv_freq (as the references compute it); it is reduced to
-// [-pi, pi] in fp64 (one FMA) so the fast sine and cosine stay accurate at any position.
-template <int DPL>
-__device__ void norm_rope(float (&x)[DPL], const float* w, int pos, int rot, const float* inv_freq, float eps,
-                          int lane) {
-  constexpr int D = DPL * 32;
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) ss += x[i] * x[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) x[i] *= inv * w[lane * DPL + i];
-  const int half = rot / 2, off = half / DPL;
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    const float other = __shfl_xor_sync(0xffffffffu, x[i], off);
-    const int d = lane * DPL + i;
-    if (d < rot) {
-      const double ang = __fmul_rn(static_cast<float>(pos), inv_freq[d % half]);
-      const double turns = rint(ang * 0.15915494309189535);
-      float s, c;
-      __sincosf(static_cast<float>(fma(-turns, 6.283185307179586, ang)), &s, &c);
-      x[i] = d < half ? x[i] * c - other * s : x[i] * c + other * s;
-    }
   }
 }
 
@@ -227,55 +198,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a, cons
   }
 }
 
-// Merge of the splits, one block per query head: weight of split s is exp(M_s - M), the
-// output sum_s w_s acc_s / sum_s w_s l_s, times the gate. Warps take every 8th split.
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32) attention_merge_kernel(AttnArgs a, const int* halt) {
-  constexpr int DPL = D / 32;
-  const int hq = blockIdx.x, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float w_s[kMaxSplits], red[kWarps][D], total[1];
-  pdl_wait();
-  if (halt && *halt) return;
-  const int L = *a.pos + 1;
-  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
-  const int n_splits = (L + chunk - 1) / chunk;
-  if (n_splits == 1) return;  // the attention kernel wrote the output
-  const size_t stride = static_cast<size_t>(G) * (D + 2);
-  const float* parts = a.partial + static_cast<size_t>(g) * a.max_splits * stride + h * (D + 2);
-  if (warp == 0) {
-    float M = -FLT_MAX;
-    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, parts[s * stride + D]);
-    M = warp_max(M);
-    float S = 0.0f;
-    for (int s = lane; s < n_splits; s += 32) {
-      const float w = __expf(parts[s * stride + D] - M);
-      w_s[s] = w;
-      S += w * parts[s * stride + D + 1];
-    }
-    S = warp_sum(S);
-    if (lane == 0) total[0] = S;
-  }
-  __syncthreads();
-  float acc[DPL] = {};
-#pragma unroll 4
-  for (int s = warp; s < n_splits; s += kWarps) {
-    const float w = w_s[s];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(w, parts[s * stride + lane * DPL + i], acc[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) red[warp][lane * DPL + i] = acc[i];
-  __syncthreads();
-  pdl_trigger();
-  const float* gate = a.qkv + static_cast<size_t>(hq) * 2 * D + D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float y = 0.0f;
-    for (int w = 0; w < kWarps; ++w) y += red[w][d];
-    a.out[static_cast<size_t>(hq) * D + d] = y / total[0] * sigmoidf_(gate[d]);
-  }
-}
-
 }  // namespace
 
 void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream) {
@@ -284,21 +206,21 @@ void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream) {
   const int dpl = a.D / 32, half = a.rot_dim / 2;
   if (a.rot_dim <= 0 || a.rot_dim > a.D || half % dpl != 0 || ((half / dpl) & (half / dpl - 1)) != 0)
     fail("attention_decode: rotary dim ", std::to_string(a.rot_dim), " does not fit head dim ", std::to_string(a.D));
-  if (a.max_splits < 1 || a.max_splits > kMaxSplits || a.min_chunk < 1)
-    fail("attention_decode: max_splits must be in [1, ", std::to_string(kMaxSplits), "], min_chunk positive");
+  if (a.max_splits < 1 || a.max_splits > kAttnMaxSplits || a.min_chunk < 1)
+    fail("attention_decode: max_splits must be in [1, ", std::to_string(kAttnMaxSplits), "], min_chunk positive");
   const dim3 grid(a.Hkv, a.max_splits), block(kWarps * 32);
   switch (a.D) {
     case 64:
       launch("attention_decode", attention_kernel<64>, grid, block, 0, stream, a, halt);
-      launch("attention_merge", attention_merge_kernel<64>, dim3(a.Hq), block, 0, stream, a, halt);
+      launch("attention_merge", attention_merge_kernel<64>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
       break;
     case 128:
       launch("attention_decode", attention_kernel<128>, grid, block, 0, stream, a, halt);
-      launch("attention_merge", attention_merge_kernel<128>, dim3(a.Hq), block, 0, stream, a, halt);
+      launch("attention_merge", attention_merge_kernel<128>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
       break;
     case 256:
       launch("attention_decode", attention_kernel<256>, grid, block, 0, stream, a, halt);
-      launch("attention_merge", attention_merge_kernel<256>, dim3(a.Hq), block, 0, stream, a, halt);
+      launch("attention_merge", attention_merge_kernel<256>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
       break;
     default: fail("attention_decode: head dim ", std::to_string(a.D), " is not supported (64, 128, 256)");
   }

@@ -33,6 +33,13 @@ struct AttnArgs {
 // Two launches: the split attention, then the merge (which returns at once for one split).
 void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream);
 
+// The same op on tensor cores (attention_decode_tc.cu): same arguments, split routing,
+// partial layout, merge launch and outputs; the 16 rows of an mma tile are the G query
+// heads of a KV head, so G = Hq/Hkv <= 16 (D in 64, 128, 256). The appended K/V rows are
+// bit-identical to attention_decode's; q and P enter the mma as bf16, so outputs differ
+// from it by bf16 rounding (~1e-2 of their RMS).
+void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream);
+
 size_t attention_partial_floats(int Hq, int Hkv, int D, int max_splits);
 
 // theta^(-2j/rot_dim) for j < rot_dim/2, rounded to fp32 as the references do.

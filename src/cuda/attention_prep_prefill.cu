@@ -4,6 +4,7 @@
 // so the cache rows are the ones T decode steps would write.
 #include <string>
 
+#include "attention_common.cuh"
 #include "attention_prefill.h"
 #include "device_common.cuh"
 
@@ -22,50 +23,6 @@ __device__ __forceinline__ void load_f32(const float* p, float (&x)[DPL]) {
     for (int i = 0; i < DPL; i += 4) {
       const float4 v = *reinterpret_cast<const float4*>(p + i);
       x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
-    }
-  }
-}
-
-// DPL bf16 values (4, 8 or 16 bytes) in one store.
-template <int DPL>
-__device__ __forceinline__ void store_bf16(uint16_t* p, const float (&x)[DPL]) {
-  uint32_t w[DPL / 2];
-#pragma unroll
-  for (int i = 0; i < DPL / 2; ++i) w[i] = to_bf16_bits(x[2 * i]) | (static_cast<uint32_t>(to_bf16_bits(x[2 * i + 1])) << 16);
-  if constexpr (DPL == 8) {
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-  } else if constexpr (DPL == 4) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-  } else {
-    *reinterpret_cast<uint32_t*>(p) = w[0];
-  }
-}
-
-// attention_decode.cu's norm_rope, operation for operation (the cache rows must match
-// decode bit for bit): RMSNorm over the warp's D values, then rotate-half RoPE on the
-// first rot dims (dim d pairs with d +- rot/2, `rot/2/DPL` lanes away); the fp32 angle
-// pos * inv_freq is reduced to [-pi, pi] in fp64 so the fast sine/cosine stay accurate.
-template <int DPL>
-__device__ void norm_rope(float (&x)[DPL], const float* w, int pos, int rot, const float* inv_freq, float eps,
-                          int lane) {
-  constexpr int D = DPL * 32;
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) ss += x[i] * x[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) x[i] *= inv * w[lane * DPL + i];
-  const int half = rot / 2, off = half / DPL;
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    const float other = __shfl_xor_sync(0xffffffffu, x[i], off);
-    const int d = lane * DPL + i;
-    if (d < rot) {
-      const double ang = __fmul_rn(static_cast<float>(pos), inv_freq[d % half]);
-      const double turns = rint(ang * 0.15915494309189535);
-      float s, c;
-      __sincosf(static_cast<float>(fma(-turns, 6.283185307179586, ang)), &s, &c);
-      x[i] = d < half ? x[i] * c - other * s : x[i] * c + other * s;
     }
   }
 }

@@ -35,6 +35,7 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   router_counter = alloc<unsigned>(1, "workspace router counter");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_int("LILY_CUDA_MOE_FUSED", 0) != 0;
+  attn_tensor_cores = env_int("LILY_CUDA_ATTN_TC", 0) != 0;
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)
@@ -119,7 +120,10 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       a.eps = eps;
       a.max_splits = ws.max_splits;
       a.min_chunk = ws.min_chunk;
-      attention_decode(a, halt, stream);
+      if (ws.attn_tensor_cores)
+        attention_decode_tc(a, halt, stream);
+      else
+        attention_decode(a, halt, stream);
       XSpec xo;
       xo.x = ws.mix;
       gemv(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream);

@@ -1,6 +1,6 @@
 // Kernels with state over positions: Gated DeltaNet decode (hundreds of steps, conv ring
-// and double-buffered recurrent state) and attention decode (every split route, GQA
-// group sizes, head dims, and one step at position 262,143).
+// and double-buffered recurrent state) and attention decode, SIMT and tensor-core (every
+// split route, GQA group sizes, head dims, and one step at position 262,143).
 #include <algorithm>
 
 #include "attention_decode.h"
@@ -117,8 +117,11 @@ struct AttnCase {
 };
 
 // Steps 0..steps-1 with fresh random q/k/v each step (or one step at `at` over a
-// pre-filled random cache when at > 0); compares every output.
-void test_attention(const AttnCase& tc, int steps, int at, uint64_t seed) {
+// pre-filled random cache when at > 0); compares every output. With `tensor_cores` the
+// op is attention_decode_tc (bf16 q and P: bf16 tolerance), and attention_decode runs
+// alongside on a copy of the cache (when G <= 8, its limit), whose rows must come out
+// bit-identical.
+void test_attention(const AttnCase& tc, int steps, int at, uint64_t seed, bool tensor_cores = false) {
   Rng r(seed);
   const int Hq = tc.Hq, Hkv = tc.Hkv, D = tc.D, G = Hq / Hkv, rot = D / 4;
   const int ctx = at > 0 ? at + 1 : steps;
@@ -152,13 +155,26 @@ void test_attention(const AttnCase& tc, int steps, int at, uint64_t seed) {
   a.inv_freq = inv_freq;
   a.max_splits = tc.max_splits;
   a.min_chunk = tc.min_chunk;
+  AttnArgs simt = a;  // the SIMT op on its own cache copy, partials and outputs
+  const bool with_simt = tensor_cores && G <= 8;
+  if (with_simt) {
+    simt.k_cache = to_dev(kh);
+    simt.v_cache = to_dev(vh);
+    simt.partial = dev_alloc<float>(attention_partial_floats(Hq, Hkv, D, tc.max_splits));
+    simt.out = dev_alloc<float>(Hq * D);
+  }
 
   double worst = 0;
   for (int t = at > 0 ? at : 0; t < ctx; ++t) {
     const auto x = randn(n_qkv, r);
     CK(cudaMemcpy(qkv, x.data(), n_qkv * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(pos, &t, 4, cudaMemcpyHostToDevice));
-    attention_decode(a, nullptr, 0);
+    if (tensor_cores) {
+      attention_decode_tc(a, nullptr, 0);
+      if (with_simt) attention_decode(simt, nullptr, 0);
+    } else {
+      attention_decode(a, nullptr, 0);
+    }
     const auto out = from_dev(a.out, Hq * D);
     for (int g = 0; g < Hkv; ++g) {
       const auto k = norm_rope(&x[Hq * 2 * D + g * D], kn, D, rot, t);
@@ -189,9 +205,16 @@ void test_attention(const AttnCase& tc, int steps, int at, uint64_t seed) {
     worst = std::max(worst, rel_err(out, ref));
   }
   char name[160];
-  std::snprintf(name, sizeof name, "attention Hq%d Hkv%d D%d splits<=%d chunk>=%d, %s", Hq, Hkv, D, tc.max_splits,
+  std::snprintf(name, sizeof name, "%s Hq%d Hkv%d D%d splits<=%d chunk>=%d, %s",
+                tensor_cores ? "attention_tc" : "attention", Hq, Hkv, D, tc.max_splits,
                 tc.min_chunk, at > 0 ? ("position " + std::to_string(at)).c_str() : ("steps 0.." + std::to_string(steps - 1)).c_str());
-  report(name, worst, 2e-3);
+  report(name, worst, tensor_cores ? 3e-2 : 2e-3);  // bf16 q and P: max |err| / RMS up to ~2e-2
+  if (with_simt) {
+    const bool same = from_dev(a.k_cache, cache_n) == from_dev(simt.k_cache, cache_n) &&
+                      from_dev(a.v_cache, cache_n) == from_dev(simt.v_cache, cache_n);
+    expect("  K/V cache rows bit-identical to attention_decode's", same);
+    cudaFree(simt.k_cache), cudaFree(simt.v_cache), cudaFree(simt.partial), cudaFree(simt.out);
+  }
   cudaFree(const_cast<float*>(a.q_norm)), cudaFree(const_cast<float*>(a.k_norm)), cudaFree(a.k_cache), cudaFree(a.v_cache);
   cudaFree(a.partial), cudaFree(a.out), cudaFree(qkv), cudaFree(pos), cudaFree(inv_freq);
 }
@@ -209,6 +232,16 @@ void run_sequence_tests(bool long_context) {
   test_attention({8, 1, 128, 3, 7}, 90, 0, 35);     // G = 8, odd split count
   test_attention({16, 2, 256, 256, 2}, 0, 3000, 37);  // 256 splits, merge over all of them
   if (long_context) test_attention({16, 2, 256, 256, 64}, 0, 262143, 36);
+  // The tensor-core op on the same inputs (same seeds).
+  test_attention({4, 2, 64, 8, 4}, 200, 0, 31, true);
+  test_attention({16, 2, 256, 8, 16}, 300, 0, 32, true);
+  test_attention({16, 2, 256, 64, 64}, 300, 0, 33, true);
+  test_attention({8, 8, 128, 4, 8}, 100, 0, 34, true);
+  test_attention({8, 1, 128, 3, 7}, 90, 0, 35, true);
+  test_attention({32, 2, 128, 3, 150}, 300, 0, 38, true);  // G = 16 (a full mma tile), splits of 1-3 tiles
+  test_attention({16, 2, 256, 256, 2}, 0, 3000, 37, true);
+  test_attention({16, 2, 256, 64, 64}, 0, 131071, 39, true);  // 35B routing at 128K: 32 tiles per split
+  if (long_context) test_attention({16, 2, 256, 256, 64}, 0, 262143, 36, true);
 }
 
 }  // namespace lily::cuda::test

@@ -1,0 +1,348 @@
+// Decode attention on tensor cores: attention_decode's maths, routing (splits of at least
+// min_chunk keys, at most max_splits per KV head), partial layout and merge launch, with
+// the scores and the P·V products as mma.sync m16n8k16 (bf16 operands, fp32 accumulate).
+//
+// Block = one split of one KV head, 4 warps. The G <= 16 query heads of the KV head are
+// the 16 rows of the A operand (rows >= G are zero and never stored), so one K/V tile in
+// shared memory serves every head. Tiles of 64 keys stream through a 3-stage cp.async
+// ring (two tiles = 2 x 66 KB in flight per SM at D = 256); warp w owns keys
+// 16w .. 16w+15 of every tile with its own fp32 online softmax and O (16 x D in
+// registers), as the prefill kernel does per 64 keys:
+//   S = Q K^T (16 x 16), P = exp(S - m) rounded to bf16 as the A operand of O += P V.
+// The warps are merged by log-sum-exp through shared memory at the end. Rows in shared
+// memory are D bf16 + 16 bytes (stride = 4 banks mod 32: the 8 row addresses of an
+// ldmatrix hit distinct banks).
+//
+// Prologue (bit for bit attention_decode's): q = RoPE(RMSNorm(q) * q_norm) / sqrt(D) for
+// the G heads (to bf16 in shared memory); the block holding the position also appends
+// k = RoPE(RMSNorm(k) * k_norm) and v to the cache. The first tiles are already
+// streaming meanwhile; the appended row, not written yet when they are issued, is put
+// into shared memory by the appending warp itself.
+#include <string>
+
+#include "attention_common.cuh"
+#include "attention_decode.h"
+#include "device_common.cuh"
+#include "qmma.cuh"
+
+namespace lily::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKeys = 16 * kWarps;  // keys per tile: 16 per warp (the k of the P·V mma)
+constexpr int kStages = 3;
+constexpr int kRowsQ = 16;          // mma rows: the query heads of the KV head, zero-padded
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+constexpr int kRowBytes = D * 2 + 16;
+template <int D>
+constexpr int kSmemBytes = (kRowsQ + kStages * 2 * kKeys) * kRowBytes<D>;  // Q, then per stage K and V
+template <int D>
+constexpr int kSlabStride = D + 8;  // floats per row of the warp-merge slabs (conflict-free float2 stores)
+static_assert(kWarps * kRowsQ * (kSlabStride<256> * 4) <= kStages * 2 * kKeys * kRowBytes<256>, "slabs fit the stages");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared through L2; src_bytes 0: nothing is read, zeros are written.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Two floats -> bf16x2, `lo` in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Grid: x = KV head, y = split (blocks past the live splits of this position return).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, const int* halt) {
+  constexpr int DPL = D / 32, RB = kRowBytes<D>, CPR = D / 8, NT = D / 8, SS = kSlabStride<D>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ float m_s[kWarps][kRowsQ], l_s[kWarps][kRowsQ], head_m[kRowsQ], head_l[kRowsQ];
+  const int g = blockIdx.x, split = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = a.Hq / a.Hkv;
+
+  pdl_wait();
+  if (halt && *halt) return;
+  const int pos = *a.pos, L = pos + 1;
+  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
+  const int n_splits = (L + chunk - 1) / chunk;
+  if (split >= n_splits) return;
+  const int start = split * chunk, end = min(L, start + chunk);
+  const int n_tiles = (end - start + kKeys - 1) / kKeys;
+  const bool appends = split == n_splits - 1;  // this block's last key is the new one
+
+  const uint32_t s_q = smem_addr(smem), s_kv = s_q + kRowsQ * RB;  // stage st: K at s_kv + st*2*kKeys*RB, V after it
+  // Tile t -> stage t % kStages; keys past the split are zeros (P is 0 there, V finite).
+  // The row of key `skip` is left alone.
+  auto load_tile = [&](int t, int skip) {
+    const uint32_t sk = s_kv + (t % kStages) * 2 * kKeys * RB, sv = sk + kKeys * RB;
+#pragma unroll
+    for (int j = 0; j < kKeys * CPR / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, key = start + t * kKeys + r;
+      if (key == skip) continue;
+      const bool ok = key < end;
+      const size_t src = (static_cast<size_t>(ok ? key : start) * a.Hkv + g) * D + c * 8;
+      cp_async16(sk + r * RB + c * 16, a.k_cache + src, ok ? 16 : 0);
+      cp_async16(sv + r * RB + c * 16, a.v_cache + src, ok ? 16 : 0);
+    }
+  };
+  // The first kStages-1 tiles stream during the prologue. When the new key's tile is
+  // among them its row is written below, straight into shared memory.
+  const int direct = appends && n_tiles <= kStages - 1 ? pos : -1;
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) load_tile(t, direct);
+    cp_async_commit();  // one group per tile slot, empty or not: group t holds tile t
+  }
+
+  // Item 0: the append (one block per KV head); items 1 .. 16: query rows 0 .. 15.
+  const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;
+  for (int item = warp; item <= kRowsQ; item += kWarps) {
+    float x[DPL];
+    if (item == 0) {
+      if (!appends) continue;
+      float v[DPL];
+      const float* ksrc = kv_in + static_cast<size_t>(g) * D + lane * DPL;
+      const float* vsrc = kv_in + static_cast<size_t>(a.Hkv + g) * D + lane * DPL;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) x[i] = ksrc[i], v[i] = vsrc[i];
+      norm_rope<DPL>(x, a.k_norm, pos, a.rot_dim, a.inv_freq, a.eps, lane);
+      const size_t at = (static_cast<size_t>(pos) * a.Hkv + g) * D + lane * DPL;
+      store_bf16<DPL>(a.k_cache + at, x);
+      store_bf16<DPL>(a.v_cache + at, v);
+      if (direct >= 0) {
+        uint8_t* k_row = smem + kRowsQ * RB + ((n_tiles - 1) * 2 * kKeys + (pos - start) % kKeys) * RB;
+        store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row) + lane * DPL, x);
+        store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row + kKeys * RB) + lane * DPL, v);
+      }
+    } else {
+      const int h = item - 1;
+      if (h < G) {
+        const float* src = a.qkv + static_cast<size_t>(g * G + h) * 2 * D + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) x[i] = src[i];
+        norm_rope<DPL>(x, a.q_norm, pos, a.rot_dim, a.inv_freq, a.eps, lane);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) x[i] *= rsqrtf(static_cast<float>(D));
+      } else {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) x[i] = 0.0f;
+      }
+      store_bf16<DPL>(reinterpret_cast<uint16_t*>(smem + h * RB) + lane * DPL, x);
+    }
+  }
+  // (The first loop iteration's barrier publishes Q, the direct row and the appended
+  // cache row, before any later tile is issued.)
+
+  // ldmatrix lane addresses (fragment layouts of mma.m16n8k16):
+  //   Q (A, x4): (heads 0-7 | 8-15) x (d 0-7 | 8-15) -> lane row l&15, chunk l>>4
+  //   K (B, x4): (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15)
+  //              = b0, b1 of key tile 0 and of key tile 1 -> lane key (l&7) + (l>>4)*8, chunk (l>>3)&1
+  //   V (B, x4.trans): (keys 0-7 | 8-15) x (d 0-7 | 8-15) = b0, b1 of d tile n, b0, b1 of n+1
+  //              -> lane key (l&7) + ((l>>3)&1)*8, chunk l>>4
+  const uint32_t a_q = s_q + (lane & 15) * RB + (lane >> 4) * 16;
+  const uint32_t a_k = (warp * 16 + (lane & 7) + (lane >> 4) * 8) * RB + ((lane >> 3) & 1) * 16;
+  const uint32_t a_v = (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RB + (lane >> 4) * 16;
+  const int quad = lane & 3, gid = lane >> 2;
+
+  float o[NT][4];  // O rows gid, gid + 8; columns 8n + 2 quad + (0, 1)
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // row max of the scores, this thread's part of the row sum
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile t visible to all; every warp is done with the stage refilled next
+    if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, -1);
+    cp_async_commit();
+    const int key0 = start + t * kKeys + warp * 16;  // this warp's first key
+    if (key0 >= end) continue;
+    const uint32_t sk = s_kv + (t % kStages) * 2 * kKeys * RB, sv = sk + kKeys * RB;
+
+    // S = Q K^T, s[n] = keys key0 + 8n .. +7; even and odd k-steps in separate
+    // accumulators (two dependent mma chains of D/32 instead of one of D/16).
+    float s[2][4] = {}, s2[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks += 2) {
+      uint32_t qa[4], kb[4];
+      ldmatrix_x4(a_q + ks * 32, qa);
+      ldmatrix_x4(sk + a_k + ks * 32, kb);
+      mma_16816(s[0], qa, kb[0], kb[1]);
+      mma_16816(s[1], qa, kb[2], kb[3]);
+      ldmatrix_x4(a_q + ks * 32 + 32, qa);
+      ldmatrix_x4(sk + a_k + ks * 32 + 32, kb);
+      mma_16816(s2[0], qa, kb[0], kb[1]);
+      mma_16816(s2[1], qa, kb[2], kb[3]);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] += s2[n][e];
+        if (key0 + 8 * n + 2 * quad + (e & 1) >= end) s[n][e] = -INFINITY;
+      }
+
+    // Online softmax per row (a row's 16 scores sit in the 4 threads of a quad).
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[i], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: keep exp finite
+      const float sub = m_use * kLog2e;
+      corr[i] = exp2f((m[i] - m_use) * kLog2e);
+      m[i] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][2 * i] = exp2f(fmaf(s[n][2 * i], kLog2e, -sub));
+        s[n][2 * i + 1] = exp2f(fmaf(s[n][2 * i + 1], kLog2e, -sub));
+        sum += s[n][2 * i] + s[n][2 * i + 1];
+      }
+      l[i] = l[i] * corr[i] + sum;
+    }
+    // Rescale O only when some row max of the warp moved (rare once the max settles).
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
+    }
+
+    // O += P V: the S fragments of the warp's 16 keys are exactly the A fragment.
+    const uint32_t pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
+                            pack_bf16(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(sv + a_v + dp * 32, vb);
+      mma_16816(o[2 * dp], pa, vb[0], vb[1]);
+      mma_16816(o[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+  }
+  cp_async_wait<0>();  // (only empty groups remain; the stages become the merge slabs)
+  pdl_trigger();
+
+  // Merge the warps: each rescales its O to the block max of a row, writes it to its
+  // slab [warp][row][SS]; the sum over slabs runs in warp order (deterministic).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  if (quad == 0)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_s[warp][gid + 8 * i] = m[i], l_s[warp][gid + 8 * i] = l[i];
+  __syncthreads();  // m/l of every warp visible; every warp is done with the stages
+  float* slab = reinterpret_cast<float*>(smem + kRowsQ * RB);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = gid + 8 * i;
+    if (r >= G) continue;
+    float M = m_s[0][r];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) M = fmaxf(M, m_s[w][r]);  // finite: warp 0 sees the split's first key
+    const float f = exp2f((m[i] - M) * kLog2e);                  // 0 for a warp that saw no key
+    float* dst = slab + (warp * kRowsQ + r) * SS + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * i] * f, o[n][2 * i + 1] * f);
+    if (warp == 0 && quad == 0) {
+      float S = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) S += l_s[w][r] * exp2f((m_s[w][r] - M) * kLog2e);
+      head_m[r] = M;
+      head_l[r] = S;
+    }
+  }
+  __syncthreads();
+
+  auto acc_at = [&](int h, int d) {
+    float y = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) y += slab[(w * kRowsQ + h) * SS + d];
+    return y;
+  };
+  if (n_splits == 1) {
+    const float* gate = a.qkv + static_cast<size_t>(g) * G * 2 * D + D;  // + h*2D + d
+    float* out = a.out + static_cast<size_t>(g) * G * D;
+    for (int i = tid; i < G * D; i += kThreads) {
+      const int h = i / D, d = i % D;
+      out[i] = acc_at(h, d) / head_l[h] * sigmoidf_(gate[h * 2 * D + d]);
+    }
+    return;
+  }
+  const size_t stride = static_cast<size_t>(G) * (D + 2);
+  float* part = a.partial + (static_cast<size_t>(g) * a.max_splits + split) * stride;
+  for (int i = tid; i < G * D; i += kThreads) part[(i / D) * (D + 2) + i % D] = acc_at(i / D, i % D);
+  if (tid < G) {
+    part[tid * (D + 2) + D] = head_m[tid];
+    part[tid * (D + 2) + D + 1] = head_l[tid];
+  }
+}
+
+template <int D>
+void launch_tc(const AttnArgs& a, const int* halt, cudaStream_t stream) {
+  static const bool configured = [] {  // > 48 KB of shared memory needs an opt-in, once
+    check(cudaFuncSetAttribute(attention_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>),
+          "attention_decode_tc: shared memory opt-in");
+    return true;
+  }();
+  (void)configured;
+  launch("attention_decode_tc", attention_tc_kernel<D>, dim3(a.Hkv, a.max_splits), dim3(kThreads), kSmemBytes<D>,
+         stream, a, halt);
+  launch("attention_merge", attention_merge_kernel<D>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
+}
+
+bool misaligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; }
+
+}  // namespace
+
+void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream) {
+  using std::to_string;
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0 || a.Hq / a.Hkv > kRowsQ)
+    fail("attention_decode_tc: needs Hq (", to_string(a.Hq), ") a multiple of Hkv (", to_string(a.Hkv),
+         ") with at most ", to_string(kRowsQ), " query heads per KV head");
+  const int dpl = a.D / 32, half = a.rot_dim / 2;
+  if (a.D != 64 && a.D != 128 && a.D != 256)
+    fail("attention_decode_tc: head dim ", to_string(a.D), " is not supported (64, 128, 256)");
+  if (a.rot_dim <= 0 || a.rot_dim > a.D || half % dpl != 0 || ((half / dpl) & (half / dpl - 1)) != 0)
+    fail("attention_decode_tc: rotary dim ", to_string(a.rot_dim), " does not fit head dim ", to_string(a.D));
+  if (a.max_splits < 1 || a.max_splits > kAttnMaxSplits || a.min_chunk < 1)
+    fail("attention_decode_tc: max_splits must be in [1, ", to_string(kAttnMaxSplits), "], min_chunk positive");
+  if (!a.qkv || !a.q_norm || !a.k_norm || !a.k_cache || !a.v_cache || !a.partial || !a.out || !a.pos || !a.inv_freq)
+    fail("attention_decode_tc: null pointer among qkv, q_norm, k_norm, k_cache, v_cache, partial, out, pos, inv_freq");
+  if (misaligned(a.k_cache, 16) || misaligned(a.v_cache, 16))
+    fail("attention_decode_tc: k_cache and v_cache must be 16-byte aligned (cp.async)");
+  switch (a.D) {
+    case 64: launch_tc<64>(a, halt, stream); break;
+    case 128: launch_tc<128>(a, halt, stream); break;
+    default: launch_tc<256>(a, halt, stream); break;
+  }
+}
+
+}  // namespace lily::cuda
