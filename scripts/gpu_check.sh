@@ -8,6 +8,9 @@
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
+#   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
+#                with it switched on, prefill/decode at 4K; the fastest correct ones are
+#                then switched on for the bench step (scripts/pick_variants.py)
 #   ops          the kernel registry with a cold L2 (benchmarks/ops)
 #   bench        `lily bench --synthetic 35b` over LILY_BENCH_LENGTHS (default 512,4K;
 #                LILY_BENCH_COMPARE=hf adds the transformers peer) into OUT_DIR/bench
@@ -43,6 +46,9 @@ export PYTHONPATH=/tmp/lily
 [ "$pip_rc" = 0 ] || tail -40 "$OUT/build_package.log"
 [ "$kt_build_rc" = 0 ] || grep -m 20 error "$OUT/build_kernel_tests.log"
 
+# switch -> kernel suite that must pass for it to compete
+declare -A VARIANTS=([LILY_PREFILL_GEMM=bf16w]=qgemm [LILY_PREFILL_GDN=chunked]=gdn_prefill
+                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=1]=sequence)
 declare -A RC
 run_step() {  # name timeout log command...
   local name=$1 limit=$2 log=$3
@@ -54,8 +60,8 @@ run_step() {  # name timeout log command...
 
 if want kernels && [ "$kt_build_rc" = 0 ]; then
   : > "$OUT/kernel_tests.log"
-  for suite in gemv_moe sequence head qgemm moe_prefill gdn_prefill attention_prefill; do
-    timeout 120 /tmp/kernel_tests --suite $suite --long >> "$OUT/kernel_tests.log" 2>&1
+  for suite in gemv_moe sequence head qgemm moe_prefill gdn_prefill attention_prefill moe_fused; do
+    timeout 100 /tmp/kernel_tests --suite $suite --long >> "$OUT/kernel_tests.log" 2>&1
     RC[kernels_$suite]=$?
     echo "kernels $suite: rc=${RC[kernels_$suite]}"
   done
@@ -72,12 +78,39 @@ if [ "$pip_rc" = 0 ]; then
       timeout 120 env $switch python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 >> "$OUT/ablations.log" 2>&1
     done
   fi
+  PICKED=""
+  if want variants; then
+    ok=""
+    for v in "${!VARIANTS[@]}"; do  # a variant competes once its kernel suite and the GPU pytest pass with it on
+      krc=${RC[kernels_${VARIANTS[$v]}]:-1}
+      if [ "$krc" != 0 ]; then echo "variant $v: kernels_${VARIANTS[$v]} rc=$krc, skipped"; continue; fi
+      timeout 120 env $v python3 -m pytest -q -x tests/test_cuda_executor.py > "$OUT/pytest_$v.log" 2>&1
+      prc=$?
+      echo "variant $v: kernels rc=0, pytest rc=$prc ($(tail -1 "$OUT/pytest_$v.log"))"
+      [ "$prc" = 0 ] && ok="$ok,$v"
+    done
+    competes() { local w; for w in $1; do [[ ,$ok, == *",$w,"* || $w == LILY_PREFILL_*_TILE=* ]] || return 1; done; }
+    : > "$OUT/variants.log"
+    for cfg in "" LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked "LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked" \
+               "LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked LILY_PREFILL_DENSE_TILE=128"; do
+      competes "$cfg" || continue
+      echo "== prefill $cfg" >> "$OUT/variants.log"
+      timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"
+    done
+    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=1 "LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=1"; do
+      competes "$cfg" || continue
+      echo "== decode $cfg" >> "$OUT/variants.log"
+      timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 64 2>&1 | grep '^{' >> "$OUT/variants.log"
+    done
+    PICKED=$(python3 scripts/pick_variants.py "$OUT/variants.log" --ok "$ok")
+    echo "variants passing: ${ok#,}; picked for the bench: ${PICKED:-none}"
+  fi
   if want ops && [ -x benchmarks/ops/run.sh ]; then
     run_step ops 240 ops.log benchmarks/ops/run.sh --json "$OUT/ops.json"
   fi
   if want bench; then
     compare=${LILY_BENCH_COMPARE:+--compare $LILY_BENCH_COMPARE}
-    run_step bench 500 lily_bench.log python3 -m lily bench --synthetic 35b --device cuda \
+    run_step bench 500 lily_bench.log env $PICKED python3 -m lily bench --synthetic 35b --device cuda \
       --lengths "${LILY_BENCH_LENGTHS:-512,4K}" --phase both $compare --arm-timeout 240 --out "$OUT/bench"
   fi
 fi
@@ -92,6 +125,8 @@ for k in "${!RC[@]}"; do echo "$k: rc=${RC[$k]}"; done | sort
 grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
+grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
+[ -n "${PICKED+x}" ] && echo "bench ran with: ${PICKED:-the defaults}"
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'

@@ -13,6 +13,9 @@ import argparse
 import json
 
 
+SCHEDULE = ("LILY_PREFILL_DENSE_TILE=", "LILY_PREFILL_MOE_TILE=")  # schedule only: the same arithmetic per row
+
+
 def parse(path: str) -> dict[tuple[str, str], float]:
     results, key = {}, None
     for line in open(path):
@@ -34,7 +37,7 @@ def main() -> None:
     chosen = []
     for phase in ("prefill", "decode"):
         runs = {env: v for (p, env), v in parse(args.log).items() if p == phase}
-        allowed = {env: v for env, v in runs.items() if all(w in ok for w in env.split())}
+        allowed = {env: v for env, v in runs.items() if all(w in ok or w.startswith(SCHEDULE) for w in env.split())}
         if allowed:
             best = max(allowed, key=allowed.get)
             chosen += best.split()

@@ -1,6 +1,7 @@
 // The prefill GEMMs (qgemm) of a chunk of T = 4096 tokens at Qwen3.6-35B-A3B shapes, called
-// as src/cuda/prefill_step.cpp calls them: dense tiles of 128 rows at this T and grouped
-// expert tiles of 64 (each also at the other size, for comparison).
+// as src/cuda/prefill_step.cpp calls them: dense tiles of 64 and 128 rows, grouped expert
+// tiles of 32, 64 and 128; each with the exact kernel and with bf16 weights ("bf16 w",
+// GemmArgs::weights_bf16).
 #include <algorithm>
 
 #include "bench.h"
@@ -13,11 +14,13 @@ namespace {
 using namespace lily::cuda;
 
 const char* epi_name(GemmEpilogue e) { return e == GemmEpilogue::Store ? "" : e == GemmEpilogue::Add ? " +res" : " +swiglu"; }
+std::string variant(int tile_m, bool w16) { return ", tile_m " + std::to_string(tile_m) + (w16 ? ", bf16 w" : ""); }
 
 // Y [M, N] = X [M, K] W^T over every row. SwiGlu: W is one gate/up stack, N / 2 outputs.
-void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int K, GemmEpilogue epi, int tile_m) {
+void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int K, GemmEpilogue epi, int tile_m,
+               bool w16) {
   const double out = epi == GemmEpilogue::SwiGlu ? M * (N / 2) * 2.0 : epi == GemmEpilogue::Add ? M * 8.0 * N : M * 4.0 * N;
-  ops.push_back({"qgemm " + what + epi_name(epi) + ", tile_m " + std::to_string(tile_m),
+  ops.push_back({"qgemm " + what + epi_name(epi) + variant(tile_m, w16),
                  "M " + std::to_string(M) + ", " + dims(N, K), qbytes(N, K, 4) + M * 2.0 * K + out, 2.0 * M * N * K,
                  [=](Arena& A) -> Launch {
                    GemmArgs g;
@@ -26,6 +29,7 @@ void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int 
                    g.ldx = K;
                    g.M = M;
                    g.epi = epi;
+                   g.weights_bf16 = w16;
                    if (epi == GemmEpilogue::SwiGlu) {
                      g.act = A.normal_bf16(size_t(M) * (N / 2));
                      g.ldy = N / 2;
@@ -84,9 +88,9 @@ void set_tiles(GemmArgs& g, Arena& A, const Routing& r, int expert_rows) {
 
 // The routed experts of one MoE block, T * k rows grouped by expert:
 //   gate/up: act [T*k, I] = SwiGLU(X[x_rows] W_gu(e)^T);  down: y_slots[y_rows] = route_w * act W_d(e)^T.
-void add_grouped(std::vector<Op>& ops, int tile_m) {
+void add_grouped(std::vector<Op>& ops, int tile_m, bool w16) {
   const int rows = kT * kTopK;
-  ops.push_back({"qgemm experts gate/up +swiglu (grouped), tile_m " + std::to_string(tile_m),
+  ops.push_back({"qgemm experts gate/up +swiglu (grouped)" + variant(tile_m, w16),
                  "M " + std::to_string(rows) + ", 256x" + dims(2 * kI, kH),
                  qbytes(kE * 2.0 * kI, kH, 4) + kT * 2.0 * kH + rows * 2.0 * kI, 2.0 * rows * 2 * kI * kH,
                  [=](Arena& A) -> Launch {
@@ -101,10 +105,11 @@ void add_grouped(std::vector<Op>& ops, int tile_m) {
                    g.act = A.normal_bf16(size_t(rows) * kI);
                    g.ldy = kI;
                    g.swiglu_inter = kI;
+                   g.weights_bf16 = w16;
                    set_tiles(g, A, r, 2 * kI);
                    return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
                  }});
-  ops.push_back({"qgemm experts down x route_w (grouped), tile_m " + std::to_string(tile_m),
+  ops.push_back({"qgemm experts down x route_w (grouped)" + variant(tile_m, w16),
                  "M " + std::to_string(rows) + ", 256x" + dims(kH, kI),
                  qbytes(kE * double(kH), kI, 4) + rows * 2.0 * kI + rows * 4.0 * kH + rows * 4.0, 2.0 * rows * kH * kI,
                  [=](Arena& A) -> Launch {
@@ -119,6 +124,7 @@ void add_grouped(std::vector<Op>& ops, int tile_m) {
                    g.ldy = kH;
                    g.y_rows = A.upload(r.y_rows);
                    g.y_scale = A.near_one(rows);
+                   g.weights_bf16 = w16;
                    set_tiles(g, A, r, kH);
                    return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
                  }});
@@ -127,15 +133,18 @@ void add_grouped(std::vector<Op>& ops, int tile_m) {
 }  // namespace
 
 void add_prefill_gemm_ops(std::vector<Op>& ops) {
-  for (int tile_m : {128, 64}) {
-    add_dense(ops, "gdn in_proj", kT, kGdnRows, kH, GemmEpilogue::Store, tile_m);
-    add_dense(ops, "attn qkv", kT, kAttnRows, kH, GemmEpilogue::Store, tile_m);
-    add_dense(ops, "gdn out_proj / attn o_proj", kT, kH, kHq * kD, GemmEpilogue::Add, tile_m);
-    add_dense(ops, "shared expert gate/up", kT, 2 * kIs, kH, GemmEpilogue::SwiGlu, tile_m);
-    add_dense(ops, "shared expert down", kT, kH, kIs, GemmEpilogue::Store, tile_m);
-  }
-  for (int tile_m : {64, 128}) add_grouped(ops, tile_m);
-  add_dense(ops, "lm_head (teacher-forced logits)", 64, kV, kH, GemmEpilogue::Store, 64);
+  for (int tile_m : {128, 64})
+    for (bool w16 : {false, true}) {
+      add_dense(ops, "gdn in_proj", kT, kGdnRows, kH, GemmEpilogue::Store, tile_m, w16);
+      add_dense(ops, "attn qkv", kT, kAttnRows, kH, GemmEpilogue::Store, tile_m, w16);
+      add_dense(ops, "gdn out_proj / attn o_proj", kT, kH, kHq * kD, GemmEpilogue::Add, tile_m, w16);
+      add_dense(ops, "shared expert gate/up", kT, 2 * kIs, kH, GemmEpilogue::SwiGlu, tile_m, w16);
+      add_dense(ops, "shared expert down", kT, kH, kIs, GemmEpilogue::Store, tile_m, w16);
+    }
+  for (int tile_m : {32, 64, 128})
+    for (bool w16 : {false, true}) add_grouped(ops, tile_m, w16);
+  for (bool w16 : {false, true})
+    add_dense(ops, "lm_head (teacher-forced logits)", 64, kV, kH, GemmEpilogue::Store, 64, w16);
 }
 
 }  // namespace lily::bench

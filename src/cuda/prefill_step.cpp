@@ -78,6 +78,11 @@ PrefillOptions PrefillOptions::from_env() {
       fail("LILY_PREFILL_MOE_TILE and LILY_PREFILL_DENSE_TILE must be 16, 32, 64 or 128, got ", std::to_string(t));
   o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
   o.profile = env_int("LILY_PREFILL_PROFILE", 0) != 0;
+  if (const char* g = std::getenv("LILY_PREFILL_GEMM"); g && *g) {
+    if (std::strcmp(g, "bf16w") != 0 && std::strcmp(g, "exact") != 0)
+      fail("LILY_PREFILL_GEMM must be 'exact' or 'bf16w', got '", g, "'");
+    o.gemm_bf16w = std::strcmp(g, "bf16w") == 0;
+  }
   if (const char* g = std::getenv("LILY_PREFILL_GDN"); g && *g) {
     if (std::strcmp(g, "chunked") != 0 && std::strcmp(g, "scan") != 0)
       fail("LILY_PREFILL_GDN must be 'scan' or 'chunked', got '", g, "'");
@@ -192,6 +197,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     if (timer) timer->mark("rmsnorm");
     if (L.kind == LayerKind::Linear) {
       GemmArgs in = dense(L.gdn_in, ws.xb, H, T);
+      in.weights_bf16 = opt.gemm_bf16w;
       in.y = ws.proj;
       in.ldy = gdn_rows;
       qgemm(in, dense_tile, stream);
@@ -265,6 +271,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       gdn_gated_norm(norm, stream);
       if (timer) timer->mark("gdn gated norm");
       GemmArgs out = dense(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), T);
+      out.weights_bf16 = opt.gemm_bf16w;
       out.epi = GemmEpilogue::Add;
       out.y = ws.h;
       out.ldy = H;
@@ -273,6 +280,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       ++lin;
     } else {
       GemmArgs in = dense(L.attn_in, ws.xb, H, T);
+      in.weights_bf16 = opt.gemm_bf16w;
       in.y = ws.proj;
       in.ldy = attn_rows;
       qgemm(in, dense_tile, stream);
@@ -299,6 +307,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       attention_prefill(a, stream);
       if (timer) timer->mark("attention");
       GemmArgs out = dense(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), T);
+      out.weights_bf16 = opt.gemm_bf16w;
       out.epi = GemmEpilogue::Add;
       out.y = ws.h;
       out.ldy = H;
@@ -337,6 +346,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
 
     const MoeExperts& m = L.experts;
     GemmArgs gu = dense(m.gate_up, ws.xb, H, T * k);
+    gu.weights_bf16 = opt.gemm_bf16w;
     gu.x_rows = ws.x_rows;
     gu.epi = GemmEpilogue::SwiGlu;
     gu.act = ws.act;
@@ -349,6 +359,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     qgemm(gu, ws.tile_m, stream);
     if (timer) timer->mark("moe experts gate/up");
     GemmArgs dn = dense(m.down, ws.act, I, T * k);
+    dn.weights_bf16 = opt.gemm_bf16w;
     dn.y = ws.y_slots;
     dn.ldy = H;
     dn.y_rows = ws.y_rows;
@@ -361,12 +372,15 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     if (timer) timer->mark("moe experts down");
 
     GemmArgs sgu = dense(m.shared_gate_up, ws.xb, H, T);
+
+    sgu.weights_bf16 = opt.gemm_bf16w;
     sgu.epi = GemmEpilogue::SwiGlu;
     sgu.act = ws.act_shared;
     sgu.ldy = Is;
     sgu.swiglu_inter = Is;
     qgemm(sgu, dense_tile, stream);
     GemmArgs sdn = dense(m.shared_down, ws.act_shared, Is, T);
+    sdn.weights_bf16 = opt.gemm_bf16w;
     sdn.y = ws.y_shared;
     sdn.ldy = H;
     qgemm(sdn, dense_tile, stream);

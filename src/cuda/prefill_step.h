@@ -23,6 +23,7 @@ struct PrefillOptions {
   bool host_routing = false; // LILY_PREFILL_HOST_ROUTING=1: expert offsets via a host round trip per layer
   bool profile = false;      // LILY_PREFILL_PROFILE=1: per-op times of each chunk to stderr
   bool gdn_chunked = false;  // LILY_PREFILL_GDN=chunked: chunked (WY) Gated DeltaNet instead of the sequential scan
+  bool gemm_bf16w = false;   // LILY_PREFILL_GEMM=bf16w: weights rounded to bf16 in registers, one accumulator over K
   static PrefillOptions from_env();
 };
 

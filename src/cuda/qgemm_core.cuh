@@ -36,11 +36,13 @@ __device__ __forceinline__ uint32_t kstep_word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// The true bf16 weights of one A register: `biased` holds two bf16 128 + q (dequant_word),
-// s2 / b2 the row's scale / bias twice. q = (128 + q) - 128 is exact, and the bf16x2 fma
-// rounds once: w = bf16(s q + b), what MLX's kernels dequantise to.
-__device__ __forceinline__ uint32_t weights_bf16x2(uint32_t biased, uint32_t s2, uint32_t b2) {
-  uint32_t q, w;
+// The true bf16 weights of A register i of k-step word `code` (nibbles as in qmma.cuh),
+// s2 / b2 the row's scale / bias twice: ((code >> 4i) & 0x000F000F) | 0x43004300 is two
+// bf16 128 + q (one lop3: both masks in one instruction), q = (128 + q) - 128 is exact,
+// and the bf16x2 fma rounds once: w = bf16(s q + b), what MLX's kernels dequantise to.
+__device__ __forceinline__ uint32_t weights_bf16x2(uint32_t code, int i, uint32_t s2, uint32_t b2) {
+  uint32_t biased, q, w;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(code >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
   asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(0x43004300u));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(w) : "r"(q), "r"(s2), "r"(b2));
   return w;

@@ -2,7 +2,10 @@
 // and real shapes for every tile size, SwiGLU on gate/up-interleaved weights, and the
 // grouped (MoE) mode with a tile list, row gather, scatter, routing weights and tiles
 // past *n_tiles. Outputs start as NaN where the kernel must write and as a sentinel
-// (or the Add input) everywhere else, which must survive.
+// (or the Add input) everywhere else, which must survive. Every case runs both kernels:
+// the exact one against the exact weights, the weights_bf16 one against the weights
+// rounded to bf16 as the device rounds them (isolating accumulation error) and, with a
+// bf16-sized tolerance, against the exact weights.
 #include <algorithm>
 #include <atomic>
 #include <limits>
@@ -62,23 +65,42 @@ Bf16Mat random_bf16(int rows, int cols, int ld, Rng& r) {
   return m;
 }
 
-const double* wrow(const HostQ& W, int r) { return W.deq.data() + static_cast<size_t>(r) * W.cols; }
+// The weights and their bf16-rounded copy as qgemm with weights_bf16 uses them:
+// bf16(s q + b), an fp32 fma rounded to nearest even (exact in fp32 here, so this is
+// the single rounding of the device's bf16x2 fma).
+struct Weights {
+  const HostQ& q;
+  std::vector<double> w16;
+  explicit Weights(const HostQ& W) : q(W), w16(W.deq.size()) {
+    const int words = W.cols / 8, groups = W.cols / 64;
+    for (int r = 0; r < W.rows; ++r)
+      for (int c = 0; c < W.cols; ++c) {
+        const uint32_t sb = W.sb[static_cast<size_t>(r) * groups + c / 64];
+        const float sc = bf16_to_float(static_cast<uint16_t>(sb)), b = bf16_to_float(static_cast<uint16_t>(sb >> 16));
+        const uint32_t code = (W.codes[static_cast<size_t>(r) * words + c / 8] >> (4 * (c % 8))) & 15u;
+        w16[static_cast<size_t>(r) * W.cols + c] = round_bf16(std::fma(sc, static_cast<float>(code), b));
+      }
+  }
+  const double* row(int r, bool bf16) const { return (bf16 ? w16 : q.deq).data() + static_cast<size_t>(r) * q.cols; }
+};
 
 // An output buffer [rows][ld] on the host: its initial contents, and the value each
-// element must end with where the kernel writes it.
+// element must end with where the kernel writes it: want[0] with the exact weights,
+// want[1] with the bf16-rounded ones.
 template <typename E>
 struct Expect {
   int rows, ld;
   std::vector<E> init;
   std::vector<char> written;
-  std::vector<double> want;
+  std::vector<double> want[2];
   Expect(int rows_, int ld_, E fill)
       : rows(rows_), ld(ld_), init(static_cast<size_t>(rows_) * ld_, fill), written(init.size(), 0),
-        want(init.size(), 0) {}
-  void set(int r, int c, double v, E initial) {
+        want{std::vector<double>(init.size(), 0), std::vector<double>(init.size(), 0)} {}
+  void set(int r, int c, double v, double v16, E initial) {
     const size_t i = static_cast<size_t>(r) * ld + c;
     written[i] = 1;
-    want[i] = v;
+    want[0][i] = v;
+    want[1][i] = v16;
     init[i] = initial;
   }
 };
@@ -86,11 +108,11 @@ struct Expect {
 // Max error over the written elements relative to their RMS (bf16: relative to |want| +
 // RMS, as the rounding is relative); untouched: every other element kept its initial value.
 template <typename E>
-double compare(const Expect<E>& ex, const std::vector<E>& got, bool& untouched) {
+double compare(const Expect<E>& ex, const std::vector<double>& want, const std::vector<E>& got, bool& untouched) {
   double ss = 0;
   size_t n = 0;
   for (size_t i = 0; i < got.size(); ++i)
-    if (ex.written[i]) ss += ex.want[i] * ex.want[i], ++n;
+    if (ex.written[i]) ss += want[i] * want[i], ++n;
   const double rms = std::sqrt(ss / std::max<size_t>(n, 1)) + 1e-30;
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -102,35 +124,51 @@ double compare(const Expect<E>& ex, const std::vector<E>& got, bool& untouched) 
     if constexpr (sizeof(E) == 2) v = bf16_to_float(got[i]);
     else v = got[i];
     if (!std::isfinite(v)) return INFINITY;
-    const double scale = sizeof(E) == 2 ? std::fabs(ex.want[i]) + rms : rms;
-    worst = std::max(worst, std::fabs(v - ex.want[i]) / scale);
+    const double scale = sizeof(E) == 2 ? std::fabs(want[i]) + rms : rms;
+    worst = std::max(worst, std::fabs(v - want[i]) / scale);
   }
   return worst;
 }
 
-// Runs qgemm on a fresh copy of ex.init (into a.y or a.act) and compares.
+// Bound on max error / RMS of the bf16-weight kernel against the exact weights: one
+// bf16 rounding per weight gives errors of std ~2e-3 of the output RMS (max 1.1e-2 over
+// the 58k outputs of test_grouped in emulation), so ~1.3e-2 at 5.5 sigma.
+constexpr double kBf16WeightsTol = 2e-2;
+
+// Runs qgemm on a fresh copy of ex.init (into a.y or a.act) with both kernels and
+// reports: exact kernel vs want[0] (tol); bf16-weight kernel vs want[1] (tol) and vs
+// want[0] (tol + kBf16WeightsTol).
 template <typename E>
-double run_and_compare(GemmArgs a, int tile_m, const Expect<E>& ex, bool& untouched) {
-  E* out = to_dev(ex.init);
-  if constexpr (sizeof(E) == 2) a.act = out;
-  else a.y = out;
-  a.ldy = ex.ld;
-  qgemm(a, tile_m, 0);
-  CK(cudaGetLastError());
-  const double err = compare(ex, from_dev(out, ex.init.size()), untouched);
-  cudaFree(out);
-  return err;
+void run_and_compare(GemmArgs a, int tile_m, const Expect<E>& ex, const std::string& name, double tol,
+                     bool& untouched) {
+  for (bool w16 : {false, true}) {
+    E* out = to_dev(ex.init);
+    if constexpr (sizeof(E) == 2) a.act = out;
+    else a.y = out;
+    a.ldy = ex.ld;
+    a.weights_bf16 = w16;
+    qgemm(a, tile_m, 0);
+    CK(cudaGetLastError());
+    const std::vector<E> got = from_dev(out, ex.init.size());
+    cudaFree(out);
+    report(name + (w16 ? " [bf16 w]" : ""), compare(ex, ex.want[w16], got, untouched), tol);
+    if (w16) report(name + " [bf16 w vs exact w]", compare(ex, ex.want[0], got, untouched), tol + kBf16WeightsTol);
+  }
 }
 
 void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
   Rng r(seed);
   const HostQ W = make_q(N, K, 4, 64, r);
+  const Weights Wd(W);
   QMat dW = upload_q_tiled(W);
   const Bf16Mat X = random_bf16(M, K, ldx, r);
   uint16_t* dx = to_dev(X.bits);
-  std::vector<double> ref(static_cast<size_t>(M) * N);
+  std::vector<double> ref(static_cast<size_t>(M) * N), ref16(ref.size());
   parallel_for(M, [&](int m) {
-    for (int n = 0; n < N; ++n) ref[static_cast<size_t>(m) * N + n] = dot(X.row(m), wrow(W, n), K);
+    for (int n = 0; n < N; ++n) {
+      ref[static_cast<size_t>(m) * N + n] = dot(X.row(m), Wd.row(n, false), K);
+      ref16[static_cast<size_t>(m) * N + n] = dot(X.row(m), Wd.row(n, true), K);
+    }
   });
   const std::vector<float> y0 = randn(static_cast<size_t>(M) * N, r);
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -138,8 +176,8 @@ void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       const size_t i = static_cast<size_t>(m) * N + n;
-      store.set(m, n, ref[i], nan);
-      add.set(m, n, y0[i] + ref[i], y0[i]);
+      store.set(m, n, ref[i], ref16[i], nan);
+      add.set(m, n, y0[i] + ref[i], y0[i] + ref16[i], y0[i]);
     }
   GemmArgs a;
   a.W = dW;
@@ -150,13 +188,12 @@ void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
   for (int tile : kTiles)
     for (GemmEpilogue epi : {GemmEpilogue::Store, GemmEpilogue::Add}) {
       a.epi = epi;
-      const double err = run_and_compare(a, tile, epi == GemmEpilogue::Store ? store : add, untouched);
       char name[160];
       std::snprintf(name, sizeof name, "qgemm dense %s M%d N%d K%d ldx%d tile %d",
                     epi == GemmEpilogue::Store ? "store" : "add", M, N, K, ldx, tile);
-      report(name, err, 1e-4);
+      run_and_compare(a, tile, epi == GemmEpilogue::Store ? store : add, name, 1e-4, untouched);
     }
-  expect("  nothing written outside the M x N output (all tiles, store and add)", untouched);
+  expect("  nothing written outside the M x N output (all tiles, store and add, both kernels)", untouched);
   free_q(dW);
   cudaFree(dx);
 }
@@ -165,17 +202,24 @@ void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
 void test_swiglu(int M, int I, int K, uint64_t seed) {
   Rng r(seed);
   const HostQ W = make_q(2 * I, K, 4, 64, r);
+  const Weights Wd(W);
   QMat dW = upload_q_tiled(W, I);
   const Bf16Mat X = random_bf16(M, K, K, r);
   uint16_t* dx = to_dev(X.bits);
   Expect<uint16_t> ex(M + 2, I + 8, kSentinelBf16);
-  std::vector<double> want(static_cast<size_t>(M) * I);
+  const size_t n_out = static_cast<size_t>(M) * I;
+  std::vector<double> want[2] = {std::vector<double>(n_out), std::vector<double>(n_out)};
   parallel_for(M, [&](int m) {
     for (int i = 0; i < I; ++i)
-      want[static_cast<size_t>(m) * I + i] = silu(dot(X.row(m), wrow(W, i), K)) * dot(X.row(m), wrow(W, I + i), K);
+      for (int w16 = 0; w16 < 2; ++w16)
+        want[w16][static_cast<size_t>(m) * I + i] =
+            silu(dot(X.row(m), Wd.row(i, w16), K)) * dot(X.row(m), Wd.row(I + i, w16), K);
   });
   for (int m = 0; m < M; ++m)
-    for (int i = 0; i < I; ++i) ex.set(m, i, want[static_cast<size_t>(m) * I + i], kNanBf16);
+    for (int i = 0; i < I; ++i) {
+      const size_t k = static_cast<size_t>(m) * I + i;
+      ex.set(m, i, want[0][k], want[1][k], kNanBf16);
+    }
   GemmArgs a;
   a.W = dW;
   a.x = dx;
@@ -187,7 +231,7 @@ void test_swiglu(int M, int I, int K, uint64_t seed) {
   for (int tile : kTiles) {
     char name[160];
     std::snprintf(name, sizeof name, "qgemm dense swiglu M%d I%d K%d tile %d", M, I, K, tile);
-    report(name, run_and_compare(a, tile, ex, untouched), 1e-2);
+    run_and_compare(a, tile, ex, name, 1e-2, untouched);
   }
   expect("  nothing written outside the M x I activations", untouched);
   free_q(dW);
@@ -242,7 +286,7 @@ void run_grouped(GemmArgs a, const Routing& rt, const Expect<E>& ex, const char*
     a.max_tiles = static_cast<int>(tiles.size());
     char name[160];
     std::snprintf(name, sizeof name, "qgemm grouped %s tile %d (%d tiles + 2 past n_tiles)", what, tile, n);
-    report(name, run_and_compare(a, tile, ex, untouched), tol);
+    run_and_compare(a, tile, ex, name, tol, untouched);
     cudaFree(const_cast<int4*>(a.tiles));
     cudaFree(const_cast<int*>(a.n_tiles));
   }
@@ -254,6 +298,7 @@ void test_grouped(uint64_t seed) {
   const int T = 61, H = 320, I = 192, E = Routing::kE;
   const Routing rt(T, r);
   const HostQ gu = make_q(E * 2 * I, H, 4, 64, r), down = make_q(E * H, I, 4, 64, r);
+  const Weights gud(gu), downd(down);
   QMat dgu = upload_q_tiled(gu, I), ddown = upload_q_tiled(down);
   const Bf16Mat X = random_bf16(T, H, H, r), Xi = random_bf16(T, I, I, r), act = random_bf16(rt.M, I, I, r);
   uint16_t *dX = to_dev(X.bits), *dXi = to_dev(Xi.bits), *dact = to_dev(act.bits);
@@ -267,8 +312,10 @@ void test_grouped(uint64_t seed) {
     for (int row = 0; row < rt.R; ++row) {
       const int e = rt.expert_of[row];
       const double* x = X.row(rt.x_rows[row]);
-      for (int i = 0; i < I; ++i)
-        ex.set(row, i, silu(dot(x, wrow(gu, e * 2 * I + i), H)) * dot(x, wrow(gu, e * 2 * I + I + i), H), kNanBf16);
+      auto v = [&](int i, bool w16) {
+        return silu(dot(x, gud.row(e * 2 * I + i, w16), H)) * dot(x, gud.row(e * 2 * I + I + i, w16), H);
+      };
+      for (int i = 0; i < I; ++i) ex.set(row, i, v(i, false), v(i, true), kNanBf16);
     }
     GemmArgs a;
     a.W = dgu;
@@ -285,9 +332,8 @@ void test_grouped(uint64_t seed) {
     Expect<float> ex(rt.n_out, H + 4, kSentinel);
     for (int row = 0; row < rt.R; ++row) {
       const int e = rt.expert_of[row], out = rt.y_rows[row];
-      for (int n = 0; n < H; ++n)
-        ex.set(out, n, y_scale[out] * dot(act.row(row), wrow(down, e * H + n), I),
-               std::numeric_limits<float>::quiet_NaN());
+      auto v = [&](int n, bool w16) { return y_scale[out] * dot(act.row(row), downd.row(e * H + n, w16), I); };
+      for (int n = 0; n < H; ++n) ex.set(out, n, v(n, false), v(n, true), std::numeric_limits<float>::quiet_NaN());
     }
     GemmArgs a;
     a.W = ddown;
@@ -306,8 +352,10 @@ void test_grouped(uint64_t seed) {
     for (int row = 0; row < rt.R; ++row) {
       const int e = rt.expert_of[row], out = rt.y_rows[row];
       const size_t i0 = static_cast<size_t>(out) * (H + 4);
+      const double* x = Xi.row(rt.x_rows[row]);
       for (int n = 0; n < H; ++n)
-        ex.set(out, n, y0[i0 + n] + dot(Xi.row(rt.x_rows[row]), wrow(down, e * H + n), I), y0[i0 + n]);
+        ex.set(out, n, y0[i0 + n] + dot(x, downd.row(e * H + n, false), I),
+               y0[i0 + n] + dot(x, downd.row(e * H + n, true), I), y0[i0 + n]);
     }
     GemmArgs a;
     a.W = ddown;

@@ -1,0 +1,230 @@
+// qgemm with GemmArgs::weights_bf16: the A fragments are dequantised in registers to the
+// true bf16 weights w = bf16(s q + b) (weights_bf16x2: one exact subtract and one bf16x2
+// fma per register), so one fp32 accumulator per output runs over all of K: no per-group
+// sums, no fold, no row sums of X. The freed registers buy larger warp tiles, so every
+// dequantised A fragment and every ldmatrix of X feeds more mmas.
+#include <cstdint>
+#include <string>
+
+#include "qgemm_core.cuh"
+
+namespace lily::cuda {
+namespace {
+
+// Block tile: 256 features (16 row blocks of 16) x BM GEMM rows, 8 warps: kWarpsN along
+// the features (kRB row blocks each) x kWarpsM along the rows (kNT n-tiles of 8 rows).
+// Per warp and k-step: kRB x 4 A registers dequantised (~15 instructions per row block),
+// kNT / 2 ldmatrix.x4, kRB x kNT mmas; so ~15 / kNT extra instructions per mma.
+//   BM 128: warp 64 features x 64 rows, 128 accumulators, 1 block (8 warps) per SM.
+//   BM  64: warp 32 features x 64 rows,  64 accumulators, 2 blocks per SM.
+//   BM 32 / 16: warp 32 features x BM rows, 3 / 4 blocks per SM (the grouped MoE tiles).
+// A stage holds one group of 64 columns: the block's 16 weight tiles (codes + scale|bias,
+// copied as stored) and the X tile [BM][64]; kStages - 1 groups are in flight (cp.async).
+template <int BM>
+struct TileW {
+  static constexpr int kWarpsM = BM == 128 ? 2 : 1, kWarpsN = 8 / kWarpsM, kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int kRB = BM == 128 ? 4 : 2, kNT = BM / (8 * kWarpsM);
+  static constexpr int kBlocks = kWarpsN * kRB;  // 16-row blocks per tile
+  static constexpr int kFeatures = 16 * kBlocks;
+  static constexpr int kMinBlocks = BM == 128 ? 1 : BM == 64 ? 2 : BM == 32 ? 3 : 4;  // blocks per SM (register cap)
+  static constexpr int kStages = 4;
+  static constexpr int kXStride = 72;  // bf16 per staged X row: 144 B rows keep ldmatrix conflict-free
+  static constexpr int kCodeBytes = kBlocks * 512, kSbBytes = kBlocks * 64, kXBytes = BM * kXStride * 2;
+  static constexpr int kStageBytes = kCodeBytes + kSbBytes + kXBytes;
+  static constexpr int kSmem = kStages * kStageBytes;
+  static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kSbThreads = kBlocks * 4;
+  static constexpr int kXChunks = BM * 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;  // 16-byte chunks
+  static_assert(kFeatures == 256 && kNT >= 2 && kNT % 2 == 0, "n-tiles go in pairs (one ldmatrix.x4)");
+  static_assert(kCodeCopies * kThreads == kBlocks * 32 && kSbThreads <= kThreads);
+  static_assert(kXChunks % kThreads == 0 || kXCopies == 1, "partial X copies only for one round");
+};
+
+// Grid: x = feature blocks of 256, y = row tiles (dense) or tile-list entries (grouped).
+// Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) ends with acc[rb][nt][i] =
+// y[feature 16 (lb0 + kRB wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2].
+template <int BM>
+__global__ void __launch_bounds__(TileW<BM>::kThreads, TileW<BM>::kMinBlocks) qgemm_bf16w_kernel(GemmArgs a) {
+  using T = TileW<BM>;
+  constexpr int kRB = T::kRB, kNT = T::kNT, S = T::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2;
+  const int wn = warp % T::kWarpsN, wm = warp / T::kWarpsN;
+  const int G = a.W.cols / 64, n_rb = (a.W.rows + 15) / 16;
+  const bool grouped = a.tiles != nullptr;
+
+  pdl_wait();
+  int expert = 0, row0 = blockIdx.y * BM, rows = min(BM, a.M - row0);
+  if (grouped) {
+    if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    expert = t.x;
+    row0 = t.y;
+    rows = min(min(t.z, BM), a.M - t.y);
+  }
+  if (row0 < 0 || rows <= 0) return;
+  const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
+  const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
+  const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
+  auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
+
+  // This thread's cp.async sources at group 0 as element offsets (-1: a missing block or
+  // row, copied as 0 bytes, i.e. zero-filled, so such weights are 0 and such rows give 0).
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int code_off[T::kCodeCopies];  // uint4 of W.codes: tile (block, group 0), lane part
+#pragma unroll
+  for (int i = 0; i < T::kCodeCopies; ++i) {
+    const int c = tid + i * T::kThreads, lb = c >> 5;  // stage layout [block][lane] uint4
+    code_off[i] = block_ok(lb) ? (rb0 + lb) * G * 32 + (c & 31) : -1;
+  }
+  int sb_off = -1;  // threads < kSbThreads: uint32 of W.sb, 4 of a block's 16 scale|bias words
+  if (tid < T::kSbThreads && block_ok(tid >> 2)) sb_off = (rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
+  int x_row[T::kXCopies];  // stage layout [row][8 chunks of 8 bf16]
+#pragma unroll
+  for (int i = 0; i < T::kXCopies; ++i) {
+    const int r = (tid + i * T::kThreads) >> 3;
+    x_row[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
+  }
+
+  // Stage of group g (always one commit group, so wait counts stay uniform).
+  auto load_stage = [&](int g) {
+    if (g < G) {
+      const uint32_t st = smem0 + (g % S) * T::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < T::kCodeCopies; ++i) {
+        const bool ok = code_off[i] >= 0;
+        cp_async16(st + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0), ok ? 16 : 0);
+      }
+      if (tid < T::kSbThreads) {
+        const bool ok = sb_off >= 0;
+        cp_async16(st + T::kCodeBytes + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kXCopies; ++i) {
+        const int c = tid + i * T::kThreads;
+        if (T::kXChunks % T::kThreads != 0 && c >= T::kXChunks) continue;
+        const bool ok = x_row[i] >= 0;
+        const uint16_t* src = a.x + (ok ? static_cast<size_t>(x_row[i]) * a.ldx + 64 * g + 8 * (c & 7) : 0);
+        cp_async16(st + T::kCodeBytes + T::kSbBytes + (c >> 3) * T::kXStride * 2 + 16 * (c & 7), src, ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // B fragments of n-tiles (2p, 2p+1) at k-step j: one ldmatrix.x4 of X rows
+  // 8 wm kNT + 16p + (lane & 7) + 8 (lane >> 4), columns 16j + 8 ((lane >> 3) & 1).
+  const uint32_t b_lane = T::kCodeBytes + T::kSbBytes +
+                          ((8 * wm * kNT + (lane & 7) + 8 * (lane >> 4)) * T::kXStride + 8 * ((lane >> 3) & 1)) * 2;
+  float acc[kRB][kNT][4] = {};
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) load_stage(s);
+
+  for (int g = 0; g < G; ++g) {
+    // Group g has landed; the barrier publishes it to all warps and frees the stage read
+    // in iteration g - 1, which load_stage(g + S - 1) refills.
+    cp_async_wait<S - 2>();
+    __syncthreads();
+    load_stage(g + S - 1);
+
+    // This lane's weight words of group g: codes of its row blocks, and per row (gid,
+    // gid + 8) the bf16 scale and bias each doubled into a bf16x2 (byte permutes).
+    const unsigned char* stage = smem + (g % S) * T::kStageBytes;
+    const uint4* codes = reinterpret_cast<const uint4*>(stage) + wn * kRB * 32 + lane;
+    const uint32_t* sbw = reinterpret_cast<const uint32_t*>(stage + T::kCodeBytes) + wn * kRB * 16 + gid;
+    uint4 w[kRB];
+    uint32_t s2[kRB][2], b2[kRB][2];
+#pragma unroll
+    for (int rb = 0; rb < kRB; ++rb) {
+      w[rb] = codes[rb * 32];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t sb = sbw[rb * 16 + 8 * h];
+        s2[rb][h] = __byte_perm(sb, 0, 0x1010);
+        b2[rb][h] = __byte_perm(sb, 0, 0x3232);
+      }
+    }
+    const uint32_t xb = smem0 + (g % S) * T::kStageBytes + b_lane;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t af[kRB][4];  // registers 0, 2: row gid; 1, 3: row gid + 8
+#pragma unroll
+      for (int rb = 0; rb < kRB; ++rb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) af[rb][i] = weights_bf16x2(kstep_word(w[rb], j), i, s2[rb][i & 1], b2[rb][i & 1]);
+#pragma unroll
+      for (int p = 0; p < kNT / 2; ++p) {
+        uint32_t b[4];
+        ldmatrix_x4(xb + p * 16 * T::kXStride * 2 + 32 * j, b);
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+          mma_16816(acc[rb][2 * p], af[rb], b[0], b[1]);
+          mma_16816(acc[rb][2 * p + 1], af[rb], b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain
+  pdl_trigger();
+
+  // Epilogue: every (row, feature) belongs to exactly one lane.
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 8 * (wm * kNT + nt) + 2 * (lane & 3) + h;
+      if (n >= rows) continue;
+      const int r = row0 + n, out = a.y_rows ? a.y_rows[r] : r;
+      if (a.epi == GemmEpilogue::SwiGlu) {
+        // Row block lb = 8 gate rows then their 8 up rows: outputs 8 lb + gid.
+        uint16_t* dst = a.act + static_cast<size_t>(out) * a.ldy;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+          const int lb = lb0 + wn * kRB + rb;
+          if (16 * lb < n_feat) dst[8 * lb + gid] = to_bf16_bits(siluf_(acc[rb][nt][h]) * acc[rb][nt][2 + h]);
+        }
+      } else {
+        float* dst = a.y + static_cast<size_t>(out) * a.ldy;
+        const float ys = a.y_scale ? a.y_scale[out] : 1.0f;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int f = 16 * (lb0 + wn * kRB + rb) + gid + 8 * hi;
+            if (f >= n_feat) continue;
+            const float v = acc[rb][nt][2 * hi + h];
+            if (a.epi == GemmEpilogue::Add) dst[f] += v;
+            else dst[f] = v * ys;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int BM>
+void launch_tile(const GemmArgs& a, int blocks_y, cudaStream_t stream) {
+  using T = TileW<BM>;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(qgemm_bf16w_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem),
+          "qgemm (bf16 weights): set shared memory size");
+    return true;
+  }();
+  (void)configured;
+  const int n_feat = a.tiles ? a.expert_rows : a.W.rows;
+  const dim3 grid((n_feat + T::kFeatures - 1) / T::kFeatures, blocks_y);
+  launch("qgemm (bf16 weights)", qgemm_bf16w_kernel<BM>, grid, dim3(T::kThreads), T::kSmem, stream, a);
+}
+
+}  // namespace
+
+void qgemm_bf16w(const GemmArgs& a, int tile_m, int blocks_y, cudaStream_t stream) {
+  switch (tile_m) {
+    case 16: launch_tile<16>(a, blocks_y, stream); break;
+    case 32: launch_tile<32>(a, blocks_y, stream); break;
+    case 64: launch_tile<64>(a, blocks_y, stream); break;
+    case 128: launch_tile<128>(a, blocks_y, stream); break;
+    default: fail("qgemm: tile_m ", std::to_string(tile_m), " is not one of 16, 32, 64, 128");
+  }
+}
+
+}  // namespace lily::cuda
