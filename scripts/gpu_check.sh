@@ -47,8 +47,8 @@ export PYTHONPATH=/tmp/lily
 [ "$kt_build_rc" = 0 ] || grep -m 20 error "$OUT/build_kernel_tests.log"
 
 # switch -> kernel suite that must pass for it to compete
-declare -A VARIANTS=([LILY_PREFILL_GEMM=bf16w]=qgemm [LILY_PREFILL_GDN=chunked]=gdn_prefill
-                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=1]=sequence)
+declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
+                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence)
 declare -A RC
 run_step() {  # name timeout log command...
   local name=$1 limit=$2 log=$3
@@ -91,13 +91,12 @@ if [ "$pip_rc" = 0 ]; then
     done
     competes() { local w; for w in $1; do [[ ,$ok, == *",$w,"* || $w == LILY_PREFILL_*_TILE=* ]] || return 1; done; }
     : > "$OUT/variants.log"
-    for cfg in "" LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked "LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked" \
-               "LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GDN=chunked LILY_PREFILL_DENSE_TILE=128"; do
+    for cfg in "" LILY_PREFILL_GEMM=exact LILY_PREFILL_GDN=scan LILY_PREFILL_DENSE_TILE=128; do
       competes "$cfg" || continue
       echo "== prefill $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"
     done
-    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=1 "LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=1"; do
+    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=0; do
       competes "$cfg" || continue
       echo "== decode $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 64 2>&1 | grep '^{' >> "$OUT/variants.log"

@@ -35,7 +35,7 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   router_counter = alloc<unsigned>(1, "workspace router counter");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_int("LILY_CUDA_MOE_FUSED", 0) != 0;
-  attn_tensor_cores = env_int("LILY_CUDA_ATTN_TC", 0) != 0;
+  attn_tensor_cores = env_int("LILY_CUDA_ATTN_TC", 1) != 0;
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)

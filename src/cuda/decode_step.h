@@ -34,7 +34,7 @@ class Workspace {
   unsigned *router_counter = nullptr, *head_counter = nullptr;
   unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
   bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
-  bool attn_tensor_cores = false;  // LILY_CUDA_ATTN_TC=1: attention_decode_tc (mma over the GQA group)
+  bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host

@@ -86,7 +86,7 @@ PrefillOptions PrefillOptions::from_env() {
   if (const char* g = std::getenv("LILY_PREFILL_GDN"); g && *g) {
     if (std::strcmp(g, "chunked") != 0 && std::strcmp(g, "scan") != 0)
       fail("LILY_PREFILL_GDN must be 'scan' or 'chunked', got '", g, "'");
-    o.gdn_chunked = std::strcmp(g, "chunked") == 0;
+    o.gdn = std::strcmp(g, "chunked") == 0 ? PrefillOptions::Gdn::Chunked : PrefillOptions::Gdn::Scan;
   }
   return o;
 }
@@ -115,7 +115,7 @@ PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillO
     beta = alloc<float>(T * Hv, "prefill GDN beta");
     decay = alloc<float>(T * Hv, "prefill GDN decay");
     o = alloc<float>(T * val, "prefill GDN output");
-    if (opt.gdn_chunked) {
+    if (opt.gdn != PrefillOptions::Gdn::Scan) {
       gdn_scratch_bytes = gdn_chunked_prefill_scratch_bytes(cap, static_cast<int>(Hv), static_cast<int>(c.linear_key_head_dim),
                                                             static_cast<int>(c.linear_value_head_dim));
       gdn_scratch = alloc<unsigned char>(gdn_scratch_bytes, "prefill GDN chunk factors");
@@ -237,7 +237,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
       scan.Hv = Hv;
       scan.Dk = Dk;
       scan.Dv = Dv;
-      if (opt.gdn_chunked) {
+      if (opt.gdn_chunked(T)) {
         GdnChunkedPrefillArgs x;
         x.q = ws.q;
         x.k = ws.k;
