@@ -36,6 +36,7 @@ build_kernel_tests() {  # one nvcc per file in parallel, then a link
     xargs -P "$JOBS" -I{} sh -c 'nvcc '"$NVCC_FLAGS"' -c "$1" -o /tmp/kt/$(echo "$1" | tr / _).o' _ {} &&
   nvcc $NVCC_FLAGS /tmp/kt/*.o -o /tmp/kernel_tests
 }
+rm -rf /tmp/lily /tmp/kt /tmp/kernel_tests  # a warm machine keeps /tmp: never test the previous call's build
 ( build_kernel_tests > "$OUT/build_kernel_tests.log" 2>&1; echo $? > /tmp/kernel_tests.rc ) &
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/lily . > "$OUT/build_package.log" 2>&1
 pip_rc=$?
