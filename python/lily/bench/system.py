@@ -42,11 +42,14 @@ def host() -> dict:
 
 
 def git(where: Path) -> dict | None:
-    """Commit of the checkout at `where`, and whether tracked files differ from it.
-    A copy of the tree without .git (a GPU machine) names its commit in LILY_GIT_COMMIT."""
+    """Commit of the checkout at `where`, and whether tracked files differ from it. A copy
+    of the tree on a GPU machine names its commit in LILY_GIT_COMMIT, which wins: the .git
+    that travels with such a copy may be older than its files."""
+    given = os.environ.get("LILY_GIT_COMMIT")
+    if given:
+        return {"commit": given, "dirty": False, "where": "LILY_GIT_COMMIT"}
     commit = _run(["git", "rev-parse", "HEAD"], where)
     if commit is None:
-        given = os.environ.get("LILY_GIT_COMMIT")
-        return {"commit": given, "dirty": False, "where": "LILY_GIT_COMMIT"} if given else None
+        return None
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], where)
     return {"commit": commit, "dirty": bool(dirty), "where": str(where)}
