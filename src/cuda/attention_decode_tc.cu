@@ -20,6 +20,7 @@
 // into shared memory by the appending warp itself.
 #include <string>
 
+#include "async_copy.cuh"
 #include "attention_common.cuh"
 #include "attention_decode.h"
 #include "device_common.cuh"
@@ -42,35 +43,6 @@ constexpr int kSmemBytes = (kRowsQ + kStages * 2 * kKeys) * kRowBytes<D>;  // Q,
 template <int D>
 constexpr int kSlabStride = D + 8;  // floats per row of the warp-merge slabs (conflict-free float2 stores)
 static_assert(kWarps * kRowsQ * (kSlabStride<256> * 4) <= kStages * 2 * kKeys * kRowBytes<256>, "slabs fit the stages");
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared through L2; src_bytes 0: nothing is read, zeros are written.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// Two floats -> bf16x2, `lo` in the low half (the lower column of an mma fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 
 // Grid: x = KV head, y = split (blocks past the live splits of this position return).
 template <int D>

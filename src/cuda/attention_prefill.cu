@@ -15,6 +15,7 @@
 #include <cmath>
 #include <string>
 
+#include "async_copy.cuh"
 #include "attention_prefill.h"
 #include "device_common.cuh"
 #include "qmma.cuh"
@@ -57,35 +58,6 @@ __host__ __device__ inline int key_tiles(int qt, int tpt, int T, int pos0) {
 // Key tiles per split: split s takes tiles [s * chunk, min((s + 1) * chunk, n_tiles)).
 __host__ __device__ inline int split_chunk(int n_tiles, int splits) { return (n_tiles + splits - 1) / splits; }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-filled when !ok (the source is not read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// Two floats -> bf16x2, `lo` in the low half (the lower column of an mma fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // Grid: x = query tile x KV head, heaviest (latest) tiles first so the causal tail is
 // short; y = key split. Writes bf16 outputs (one split) or partial results.
 template <int D>
@@ -111,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
     const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, tok = r / p.G, t = q0 + tok;
     const bool ok = tok < p.tpt && t < p.T;
     const size_t src = (static_cast<size_t>(ok ? t : 0) * p.Hq + g * p.G + r % p.G) * D + c * 8;
-    cp_async16(s_q + r * RB + c * 16, p.q + src, ok);
+    cp_async16(s_q + r * RB + c * 16, p.q + src, ok ? 16u : 0u);
   }
   // K/V tile kt -> stage st; keys past n_keys (not yet written) are zeros.
   auto load_kv = [&](int kt, int st) {
@@ -121,8 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
       const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, key = kt * kKeys + r;
       const bool ok = key < n_keys;
       const size_t src = (static_cast<size_t>(ok ? key : 0) * p.Hkv + g) * D + c * 8;
-      cp_async16(sk + r * RB + c * 16, p.k + src, ok);
-      cp_async16(sv + r * RB + c * 16, p.v + src, ok);
+      cp_async16(sk + r * RB + c * 16, p.k + src, ok ? 16u : 0u);
+      cp_async16(sv + r * RB + c * 16, p.v + src, ok ? 16u : 0u);
     }
     cp_async_commit();
   };
@@ -148,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int st = (kt - kt0) & 1;
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // tile kt visible to all; every warp is done with the other stage
     if (kt + 1 < kt1) load_kv(kt + 1, st ^ 1);
     const uint32_t sk = s_kv + st * 2 * kKeys * RB, sv = sk + kKeys * RB;
@@ -160,11 +132,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t a[4];
-      ldsm_x4(a, a_q + ks * 32);
+      ldmatrix_x4(a_q + ks * 32, a);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
-        ldsm_x4(b, sk + a_k + np * 16 * RB + ks * 32);
+        ldmatrix_x4(sk + a_k + np * 16 * RB + ks * 32, b);
         mma_16816(s[2 * np], a, b[0], b[1]);
         mma_16816(s[2 * np + 1], a, b[2], b[3]);
       }
@@ -213,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];
-        ldsm_x4_trans(b, sv + a_v + kk * 16 * RB + dp * 32);
+        ldmatrix_x4_trans(sv + a_v + kk * 16 * RB + dp * 32, b);
         mma_16816(o[2 * dp], pa, b[0], b[1]);
         mma_16816(o[2 * dp + 1], pa, b[2], b[3]);
       }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "async_copy.cuh"
 #include "device_common.cuh"
 #include "gdn_decode.h"
 
@@ -31,14 +32,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {  // zero-fills when !valid
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // ---- end of the PTX helpers ----
 
@@ -256,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(GdnChunked
     for (int i = tid; i < kC * DK / 4; i += kThreads) {
       const int r = i / (DK / 4), d = 4 * (i % (DK / 4));
       const bool ok = t0 + r < a.T;
-      cp_async16(ws + r * L::LDW + d, rec + r * DK + d, true);
-      cp_async16(qs + r * L::LDW + d, a.q + (ok ? (static_cast<size_t>(t0 + r) * a.Hk + kh) * DK + d : 0), ok);
+      cp_async16_or_zero(ws + r * L::LDW + d, rec + r * DK + d, true);
+      cp_async16_or_zero(qs + r * L::LDW + d, a.q + (ok ? (static_cast<size_t>(t0 + r) * a.Hk + kh) * DK + d : 0), ok);
     }
     const float* g = rec + kC * (DK + a.Dv + kC);
-    for (int i = tid; i < 2 * kC / 4; i += kThreads) cp_async16(gs + 4 * i, g + 4 * i, true);
+    for (int i = tid; i < 2 * kC / 4; i += kThreads) cp_async16_or_zero(gs + 4 * i, g + 4 * i, true);
   };
   auto issue_kp = [&](int c) {
     const float* rec = record(c);
@@ -268,12 +261,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(GdnChunked
     for (int i = tid; i < kC * DK / 4; i += kThreads) {
       const int r = i / (DK / 4), d = 4 * (i % (DK / 4));
       const bool ok = t0 + r < a.T;
-      cp_async16(kbuf + r * L::LDK + d, a.k + (ok ? (static_cast<size_t>(t0 + r) * a.Hk + kh) * DK + d : 0), ok);
+      cp_async16_or_zero(kbuf + r * L::LDK + d, a.k + (ok ? (static_cast<size_t>(t0 + r) * a.Hk + kh) * DK + d : 0), ok);
     }
     const float* p = rec + kC * (DK + a.Dv);
     for (int i = tid; i < kC * kC / 4; i += kThreads) {
       const int r = i / (kC / 4), j = 4 * (i % (kC / 4));
-      cp_async16(pbuf + r * L::LDP + j, p + r * kC + j, true);
+      cp_async16_or_zero(pbuf + r * L::LDP + j, p + r * kC + j, true);
     }
   };
 

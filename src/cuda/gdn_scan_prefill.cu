@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "async_copy.cuh"
 #include "device_common.cuh"
 #include "gdn_decode.h"
 
@@ -46,17 +47,6 @@ __device__ __forceinline__ void load_rows(const float* src, float (&r)[DK / 16])
     }
   }
 }
-
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {  // zero-fills when !valid
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // gdn_state_index (gdn_decode.cu) on the device: where S[k][v] of head h lives.
 __device__ __forceinline__ size_t state_index(int Dk, int Dv, int h, int k, int v) {
@@ -110,23 +100,23 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_prefill_kernel(GdnScanPrefill
     for (int i = threadIdx.x; i < (kStage + 1) * n4; i += blockDim.x) {
       const int t = t0 + i / n4;
       const bool ok = t < a.T;
-      cp_async16(ks + 4 * i, a.k + (ok ? (static_cast<size_t>(t) * a.Hk + kh) * DK + 4 * (i % n4) : 0), ok);
+      cp_async16_or_zero(ks + 4 * i, a.k + (ok ? (static_cast<size_t>(t) * a.Hk + kh) * DK + 4 * (i % n4) : 0), ok);
     }
     for (int i = threadIdx.x; i < kStage * n4; i += blockDim.x) {
       const int t = t0 + i / n4;
       const bool ok = t < a.T;
-      cp_async16(qs + 4 * i, a.q + (ok ? (static_cast<size_t>(t) * a.Hk + kh) * DK + 4 * (i % n4) : 0), ok);
+      cp_async16_or_zero(qs + 4 * i, a.q + (ok ? (static_cast<size_t>(t) * a.Hk + kh) * DK + 4 * (i % n4) : 0), ok);
     }
     for (int i = threadIdx.x; i < kStage * c4; i += blockDim.x) {
       const int t = t0 + i / c4;
       const bool ok = t < a.T;
-      cp_async16(vs + 4 * i, a.v + (ok ? (static_cast<size_t>(t) * a.Hv + h) * a.Dv + col0 + 4 * (i % c4) : 0), ok);
+      cp_async16_or_zero(vs + 4 * i, a.v + (ok ? (static_cast<size_t>(t) * a.Hv + h) * a.Dv + col0 + 4 * (i % c4) : 0), ok);
     }
     for (int i = threadIdx.x; i < kStage; i += blockDim.x) {
       const bool ok = t0 + i < a.T;
       const size_t at = ok ? static_cast<size_t>(t0 + i) * a.Hv + h : 0;
-      cp_async4(bd + 2 * i, a.beta + at, ok);
-      cp_async4(bd + 2 * i + 1, a.decay + at, ok);
+      cp_async4_or_zero(bd + 2 * i, a.beta + at, ok);
+      cp_async4_or_zero(bd + 2 * i + 1, a.decay + at, ok);
     }
     cp_async_commit();
   };
@@ -183,7 +173,7 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_prefill_kernel(GdnScanPrefill
 
   float ka[R], kb[R];  // k rows of the current and the next token, alternating
   for (int s = 0; s < n_stages; ++s) {
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // stage s visible to all; everyone is done with stage s - 1, whose buffer is refilled next
     if (s + 1 < n_stages) issue_stage(s + 1);
     const float* kp = smem + (s & 1) * buf_floats + RowSplit<DK>::VW * g;  // k_t rows of this lane

@@ -166,39 +166,7 @@ __global__ void __launch_bounds__(TileW<BM>::kThreads, TileW<BM>::kMinBlocks) qg
   cp_async_wait<0>();  // only empty groups remain
   pdl_trigger();
 
-  // Epilogue: every (row, feature) belongs to exactly one lane.
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = 8 * (wm * kNT + nt) + 2 * (lane & 3) + h;
-      if (n >= rows) continue;
-      const int r = row0 + n, out = a.y_rows ? a.y_rows[r] : r;
-      if (a.epi == GemmEpilogue::SwiGlu) {
-        // Row block lb = 8 gate rows then their 8 up rows: outputs 8 lb + gid.
-        uint16_t* dst = a.act + static_cast<size_t>(out) * a.ldy;
-#pragma unroll
-        for (int rb = 0; rb < kRB; ++rb) {
-          const int lb = lb0 + wn * kRB + rb;
-          if (16 * lb < n_feat) dst[8 * lb + gid] = to_bf16_bits(siluf_(acc[rb][nt][h]) * acc[rb][nt][2 + h]);
-        }
-      } else {
-        float* dst = a.y + static_cast<size_t>(out) * a.ldy;
-        const float ys = a.y_scale ? a.y_scale[out] : 1.0f;
-#pragma unroll
-        for (int rb = 0; rb < kRB; ++rb) {
-#pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            const int f = 16 * (lb0 + wn * kRB + rb) + gid + 8 * hi;
-            if (f >= n_feat) continue;
-            const float v = acc[rb][nt][2 * hi + h];
-            if (a.epi == GemmEpilogue::Add) dst[f] += v;
-            else dst[f] = v * ys;
-          }
-        }
-      }
-    }
-  }
+  store_tile<kRB, kNT>(a, acc, row0, rows, lb0, n_feat, wn, wm, lane);
 }
 
 template <int BM>

@@ -1,29 +1,14 @@
 // Pieces shared by the two qgemm kernels (qgemm.cu: exact affine maths; qgemm_bf16w.cu:
-// bf16-rounded weights): cp.async staging, ldmatrix, the first-k-step mma, and the
+// bf16-rounded weights): the first-k-step mma, the bf16 weight dequantisation, and the
 // host entry of the bf16-weight kernel (qgemm() validates and dispatches to it).
 #pragma once
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "qgemm.h"
 #include "qmma.cuh"
 
 namespace lily::cuda {
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  // src_bytes 0: nothing is read and the 16 bytes are zero-filled.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // d = a · b with a fresh accumulator (the first k-step of a group).
 __device__ __forceinline__ void mma_16816_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -46,6 +31,47 @@ __device__ __forceinline__ uint32_t weights_bf16x2(uint32_t code, int i, uint32_
   asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(0x43004300u));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(w) : "r"(q), "r"(s2), "r"(b2));
   return w;
+}
+
+// The epilogue of both kernels. Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) holds
+// acc[rb][nt][i] = y[feature 16 (lb0 + kRB wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2]
+// of the tile's rows row0 .. row0 + rows - 1: every (row, feature) belongs to exactly one lane.
+template <int kRB, int kNT>
+__device__ __forceinline__ void store_tile(const GemmArgs& a, const float (&acc)[kRB][kNT][4], int row0, int rows, int lb0,
+                                           int n_feat, int wn, int wm, int lane) {
+  const int gid = lane >> 2;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 8 * (wm * kNT + nt) + 2 * (lane & 3) + h;
+      if (n >= rows) continue;
+      const int r = row0 + n, out = a.y_rows ? a.y_rows[r] : r;
+      if (a.epi == GemmEpilogue::SwiGlu) {
+        // Row block lb = 8 gate rows then their 8 up rows: outputs 8 lb + gid.
+        uint16_t* dst = a.act + static_cast<size_t>(out) * a.ldy;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+          const int lb = lb0 + wn * kRB + rb;
+          if (16 * lb < n_feat) dst[8 * lb + gid] = to_bf16_bits(siluf_(acc[rb][nt][h]) * acc[rb][nt][2 + h]);
+        }
+      } else {
+        float* dst = a.y + static_cast<size_t>(out) * a.ldy;
+        const float ys = a.y_scale ? a.y_scale[out] : 1.0f;
+#pragma unroll
+        for (int rb = 0; rb < kRB; ++rb) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int f = 16 * (lb0 + wn * kRB + rb) + gid + 8 * hi;
+            if (f >= n_feat) continue;
+            const float v = acc[rb][nt][2 * hi + h];
+            if (a.epi == GemmEpilogue::Add) dst[f] += v;
+            else dst[f] = v * ys;
+          }
+        }
+      }
+    }
+  }
 }
 
 // qgemm with GemmArgs::weights_bf16 on validated arguments; blocks_y: row tiles (dense)
