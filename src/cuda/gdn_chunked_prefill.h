@@ -20,19 +20,14 @@
 
 #include <cstddef>
 
+#include "gdn_scan_prefill.h"
+
 namespace lily::cuda {
 
-struct GdnChunkedPrefillArgs {
-  const float* q = nullptr;      // [T][Hk][Dk], l2-normalised and scaled by Dk^-1/2 (gdn_conv_prefill)
-  const float* k = nullptr;      // [T][Hk][Dk], l2-normalised
-  const float* v = nullptr;      // [T][Hv][Dv]
-  const float* beta = nullptr;   // [T][Hv]
-  const float* decay = nullptr;  // [T][Hv], in [0, 1]
-  float* state = nullptr;        // [Hv * Dk * Dv] recurrent state (gdn_decode layout), updated in place
-  float* o = nullptr;            // [T][Hv][Dv]
-  void* scratch = nullptr;       // per chunk and value head: W, U, P, g (gdn_chunked_prefill_scratch_bytes)
+// The scan's arguments (same inputs, outputs and state semantics) plus the chunk factors' scratch.
+struct GdnChunkedPrefillArgs : GdnScanPrefillArgs {
+  void* scratch = nullptr;  // per chunk and value head: W, U, P, g (gdn_chunked_prefill_scratch_bytes)
   size_t scratch_bytes = 0;
-  int T = 0, Hk = 0, Hv = 0, Dk = 0, Dv = 0;
 };
 
 size_t gdn_chunked_prefill_scratch_bytes(int T, int Hv, int Dk, int Dv);

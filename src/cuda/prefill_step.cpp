@@ -58,14 +58,6 @@ int dense_tile_rows(int T, const PrefillOptions& opt) {
   return T <= 16 ? 16 : T <= 32 ? 32 : 64;
 }
 
-GemmArgs dense(const QMat& W, const uint16_t* x, int ldx, int T) {
-  GemmArgs g;
-  g.W = W;
-  g.x = x;
-  g.ldx = ldx;
-  g.M = T;
-  return g;
-}
 
 }  // namespace
 
@@ -175,218 +167,233 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
   return true;
 }
 
+namespace {
+
+// What every op of one chunk needs: the model, the session, the chunk and its schedule.
+struct Chunk {
+  const ModelConfig& c;
+  const DeviceWeights& W;
+  PrefillWorkspace& ws;
+  const PrefillOptions& opt;
+  const SessionState& s;
+  int parity, pos0, T;
+  cudaStream_t stream;
+  StageTimer* timer;
+  int H = static_cast<int>(c.hidden_size);
+  float eps = static_cast<float>(c.rms_norm_eps);
+  int dense_tile = dense_tile_rows(T, opt);
+
+  void mark(const char* op) const {
+    if (timer) timer->mark(op);
+  }
+  // Arguments of a qgemm over `rows` rows of x [rows][ldx] with W.
+  GemmArgs gemm(const QMat& Wm, const uint16_t* x, int ldx, int rows) const {
+    GemmArgs g;
+    g.W = Wm;
+    g.x = x;
+    g.ldx = ldx;
+    g.M = rows;
+    g.weights_bf16 = opt.gemm_bf16w;
+    return g;
+  }
+  // y [T][ldy] = x Wᵀ (Store) or h += x Wᵀ (Add, y = h).
+  void project(const QMat& Wm, const uint16_t* x, int ldx, float* y, int ldy, GemmEpilogue epi) const {
+    GemmArgs g = gemm(Wm, x, ldx, T);
+    g.epi = epi;
+    g.y = y;
+    g.ldy = ldy;
+    qgemm(g, dense_tile, stream);
+  }
+};
+
+void gdn_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
+  const ModelConfig& c = k.c;
+  PrefillWorkspace& ws = k.ws;
+  const int gdn_rows = static_cast<int>(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads);
+  const int Hk = static_cast<int>(c.linear_num_key_heads), Hv = static_cast<int>(c.linear_num_value_heads);
+  const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
+  k.project(L.gdn_in, ws.xb, k.H, ws.proj, gdn_rows, GemmEpilogue::Store);
+  k.mark("gemm mixer in");
+  GdnConvPrefillArgs conv;
+  conv.proj = ws.proj;
+  conv.ldp = gdn_rows;
+  conv.conv_w = L.conv_w;
+  conv.ring = k.s.ring[lin];
+  conv.dt_bias = L.dt_bias;
+  conv.neg_A = L.neg_A;
+  conv.q = ws.q;
+  conv.k = ws.k;
+  conv.v = ws.v;
+  conv.beta = ws.beta;
+  conv.decay = ws.decay;
+  conv.T = k.T;
+  conv.pos0 = k.pos0;
+  conv.Hk = Hk;
+  conv.Hv = Hv;
+  conv.Dk = Dk;
+  conv.Dv = Dv;
+  gdn_conv_prefill(conv, k.stream);
+  k.mark("gdn conv");
+  GdnScanPrefillArgs x;
+  x.q = ws.q;
+  x.k = ws.k;
+  x.v = ws.v;
+  x.beta = ws.beta;
+  x.decay = ws.decay;
+  x.state = k.s.state[k.parity][lin];
+  x.o = ws.o;
+  x.T = k.T;
+  x.Hk = Hk;
+  x.Hv = Hv;
+  x.Dk = Dk;
+  x.Dv = Dv;
+  if (k.opt.gdn_chunked(k.T)) {
+    GdnChunkedPrefillArgs cx;
+    static_cast<GdnScanPrefillArgs&>(cx) = x;
+    cx.scratch = ws.gdn_scratch;
+    cx.scratch_bytes = ws.gdn_scratch_bytes;
+    gdn_chunked_prefill(cx, k.stream);
+  } else {
+    gdn_scan_prefill(x, k.stream);
+  }
+  k.mark("gdn recurrence");
+  GdnGatedNormArgs norm;
+  norm.o = ws.o;
+  norm.z = ws.proj + c.gdn_conv_dim();
+  norm.ldz = gdn_rows;
+  norm.w = L.gdn_norm;
+  norm.eps = k.eps;
+  norm.out = ws.xb;
+  norm.T = k.T;
+  norm.Hv = Hv;
+  norm.Dv = Dv;
+  gdn_gated_norm(norm, k.stream);
+  k.mark("gdn gated norm");
+  k.project(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), ws.h, k.H, GemmEpilogue::Add);
+  k.mark("gemm mixer out");
+}
+
+void attention_mixer(const Chunk& k, const DeviceLayer& L, int full) {
+  const ModelConfig& c = k.c;
+  PrefillWorkspace& ws = k.ws;
+  const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
+  k.project(L.attn_in, ws.xb, k.H, ws.proj, attn_rows, GemmEpilogue::Store);
+  k.mark("gemm mixer in");
+  AttnPrefillArgs a;
+  a.proj = ws.proj;
+  a.ldp = attn_rows;
+  a.q_norm = L.q_norm;
+  a.k_norm = L.k_norm;
+  a.inv_freq = k.W.rope_inv_freq;
+  a.k_cache = k.s.k_cache[full];
+  a.v_cache = k.s.v_cache[full];
+  a.scratch = ws.attn_scratch;
+  a.scratch_bytes = ws.attn_scratch_bytes;
+  a.ctx = k.s.ctx;
+  a.out = ws.xb;
+  a.pos0 = k.pos0;
+  a.T = k.T;
+  a.Hq = static_cast<int>(c.num_attention_heads);
+  a.Hkv = static_cast<int>(c.num_key_value_heads);
+  a.D = static_cast<int>(c.head_dim);
+  a.rot_dim = static_cast<int>(c.rotary_dim());
+  a.eps = k.eps;
+  attention_prefill(a, k.stream);
+  k.mark("attention");
+  k.project(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), ws.h, k.H, GemmEpilogue::Add);
+  k.mark("gemm mixer out");
+}
+
+// Routes on the GPU, then grouped expert GEMMs over the rows sorted by expert, the shared
+// expert as two dense GEMMs, and the combine into the residual.
+void moe_block(const Chunk& k, const DeviceLayer& L) {
+  const ModelConfig& c = k.c;
+  PrefillWorkspace& ws = k.ws;
+  const int top_k = static_cast<int>(c.num_experts_per_tok), E = static_cast<int>(c.num_experts);
+  const int I = static_cast<int>(c.moe_intermediate_size), Is = static_cast<int>(c.shared_expert_intermediate_size);
+  const int rows = k.T * top_k, max_tiles = moe_max_tiles(rows, ws.tile_m, E);
+  rmsnorm_rows(ws.h, L.post_norm, k.T, k.H, k.eps, ws.xb, ws.xf, k.stream);
+  k.mark("rmsnorm");
+  MoeRouteArgs r;
+  r.router = L.router;
+  r.x = ws.xf;
+  r.T = k.T;
+  r.E = E;
+  r.k = top_k;
+  r.norm_topk = c.norm_topk_prob;
+  r.tile_m = ws.tile_m;
+  r.route_w = ws.route_w;
+  r.expert_ids = ws.expert_ids;
+  r.shared_logit = ws.shared_logit;
+  r.counts = ws.counts;
+  r.offsets = ws.offsets;
+  r.partials = ws.router_partials;
+  r.cursor = ws.cursor;
+  r.counter = ws.route_counter;
+  r.x_rows = ws.x_rows;
+  r.y_rows = ws.y_rows;
+  r.tiles = ws.tiles;
+  r.n_tiles = ws.n_tiles;
+  r.max_tiles = max_tiles;
+  moe_route_prefill(r, k.stream);
+  if (k.opt.host_routing) host_tile_list(ws, E, rows, max_tiles, k.stream);
+  k.mark("moe route");
+
+  const MoeExperts& m = L.experts;
+  auto grouped = [&](GemmArgs g, int expert_rows) {
+    g.tiles = ws.tiles;
+    g.n_tiles = ws.n_tiles;
+    g.max_tiles = max_tiles;
+    g.expert_rows = expert_rows;
+    qgemm(g, ws.tile_m, k.stream);
+  };
+  GemmArgs gu = k.gemm(m.gate_up, ws.xb, k.H, rows);
+  gu.x_rows = ws.x_rows;
+  gu.epi = GemmEpilogue::SwiGlu;
+  gu.act = ws.act;
+  gu.ldy = I;
+  gu.swiglu_inter = I;
+  grouped(gu, 2 * I);
+  k.mark("moe experts gate/up");
+  GemmArgs dn = k.gemm(m.down, ws.act, I, rows);
+  dn.y = ws.y_slots;
+  dn.ldy = k.H;
+  dn.y_rows = ws.y_rows;
+  dn.y_scale = ws.route_w;
+  grouped(dn, k.H);
+  k.mark("moe experts down");
+
+  GemmArgs sgu = k.gemm(m.shared_gate_up, ws.xb, k.H, k.T);
+  sgu.epi = GemmEpilogue::SwiGlu;
+  sgu.act = ws.act_shared;
+  sgu.ldy = Is;
+  sgu.swiglu_inter = Is;
+  qgemm(sgu, k.dense_tile, k.stream);
+  k.project(m.shared_down, ws.act_shared, Is, ws.y_shared, k.H, GemmEpilogue::Store);
+  k.mark("moe shared expert");
+  moe_combine(ws.h, ws.y_slots, ws.y_shared, ws.shared_logit, k.T, k.H, top_k, k.stream);
+  k.mark("moe combine");
+}
+
+}  // namespace
+
 void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
                      const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
-  std::unique_ptr<StageTimer> timer = opt.profile ? std::make_unique<StageTimer>(stream) : nullptr;
   if (T > ws.capacity) fail("prefill: chunk of ", std::to_string(T), " tokens exceeds the workspace (", std::to_string(ws.capacity), ")");
-  const int H = static_cast<int>(c.hidden_size), k = static_cast<int>(c.num_experts_per_tok);
-  const int E = static_cast<int>(c.num_experts), I = static_cast<int>(c.moe_intermediate_size);
-  const int Is = static_cast<int>(c.shared_expert_intermediate_size);
-  const int gdn_rows = static_cast<int>(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads);
-  const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const int dense_tile = dense_tile_rows(T, opt);
+  std::unique_ptr<StageTimer> timer = opt.profile ? std::make_unique<StageTimer>(stream) : nullptr;
+  const Chunk k{c, W, ws, opt, s, parity, pos0, T, stream, timer.get()};
   ws.tile_m = moe_tile_rows(c, T, opt);
-  const int max_tiles = moe_max_tiles(T * k, ws.tile_m, E);
-
   embed_rows(W.embed, ws.tokens, T, ws.h, stream);
-  if (timer) timer->mark("embed");
+  k.mark("embed");
   int full = 0, lin = 0;
   for (const DeviceLayer& L : W.layers) {
-    rmsnorm_rows(ws.h, L.input_norm, T, H, eps, ws.xb, nullptr, stream);
-    if (timer) timer->mark("rmsnorm");
-    if (L.kind == LayerKind::Linear) {
-      GemmArgs in = dense(L.gdn_in, ws.xb, H, T);
-      in.weights_bf16 = opt.gemm_bf16w;
-      in.y = ws.proj;
-      in.ldy = gdn_rows;
-      qgemm(in, dense_tile, stream);
-      if (timer) timer->mark("gemm mixer in");
-      const int Hk = static_cast<int>(c.linear_num_key_heads), Hv = static_cast<int>(c.linear_num_value_heads);
-      const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
-      GdnConvPrefillArgs conv;
-      conv.proj = ws.proj;
-      conv.ldp = gdn_rows;
-      conv.conv_w = L.conv_w;
-      conv.ring = s.ring[lin];
-      conv.dt_bias = L.dt_bias;
-      conv.neg_A = L.neg_A;
-      conv.q = ws.q;
-      conv.k = ws.k;
-      conv.v = ws.v;
-      conv.beta = ws.beta;
-      conv.decay = ws.decay;
-      conv.T = T;
-      conv.pos0 = pos0;
-      conv.Hk = Hk;
-      conv.Hv = Hv;
-      conv.Dk = Dk;
-      conv.Dv = Dv;
-      gdn_conv_prefill(conv, stream);
-      if (timer) timer->mark("gdn conv");
-      GdnScanPrefillArgs scan;
-      scan.q = ws.q;
-      scan.k = ws.k;
-      scan.v = ws.v;
-      scan.beta = ws.beta;
-      scan.decay = ws.decay;
-      scan.state = s.state[parity][lin];
-      scan.o = ws.o;
-      scan.T = T;
-      scan.Hk = Hk;
-      scan.Hv = Hv;
-      scan.Dk = Dk;
-      scan.Dv = Dv;
-      if (opt.gdn_chunked(T)) {
-        GdnChunkedPrefillArgs x;
-        x.q = ws.q;
-        x.k = ws.k;
-        x.v = ws.v;
-        x.beta = ws.beta;
-        x.decay = ws.decay;
-        x.state = scan.state;
-        x.o = ws.o;
-        x.scratch = ws.gdn_scratch;
-        x.scratch_bytes = ws.gdn_scratch_bytes;
-        x.T = T;
-        x.Hk = Hk;
-        x.Hv = Hv;
-        x.Dk = Dk;
-        x.Dv = Dv;
-        gdn_chunked_prefill(x, stream);
-      } else {
-        gdn_scan_prefill(scan, stream);
-      }
-      if (timer) timer->mark("gdn scan");
-      GdnGatedNormArgs norm;
-      norm.o = ws.o;
-      norm.z = ws.proj + c.gdn_conv_dim();
-      norm.ldz = gdn_rows;
-      norm.w = L.gdn_norm;
-      norm.eps = eps;
-      norm.out = ws.xb;
-      norm.T = T;
-      norm.Hv = Hv;
-      norm.Dv = Dv;
-      gdn_gated_norm(norm, stream);
-      if (timer) timer->mark("gdn gated norm");
-      GemmArgs out = dense(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), T);
-      out.weights_bf16 = opt.gemm_bf16w;
-      out.epi = GemmEpilogue::Add;
-      out.y = ws.h;
-      out.ldy = H;
-      qgemm(out, dense_tile, stream);
-      if (timer) timer->mark("gemm mixer out");
-      ++lin;
-    } else {
-      GemmArgs in = dense(L.attn_in, ws.xb, H, T);
-      in.weights_bf16 = opt.gemm_bf16w;
-      in.y = ws.proj;
-      in.ldy = attn_rows;
-      qgemm(in, dense_tile, stream);
-      if (timer) timer->mark("gemm mixer in");
-      AttnPrefillArgs a;
-      a.proj = ws.proj;
-      a.ldp = attn_rows;
-      a.q_norm = L.q_norm;
-      a.k_norm = L.k_norm;
-      a.inv_freq = W.rope_inv_freq;
-      a.k_cache = s.k_cache[full];
-      a.v_cache = s.v_cache[full];
-      a.scratch = ws.attn_scratch;
-      a.scratch_bytes = ws.attn_scratch_bytes;
-      a.ctx = s.ctx;
-      a.out = ws.xb;
-      a.pos0 = pos0;
-      a.T = T;
-      a.Hq = static_cast<int>(c.num_attention_heads);
-      a.Hkv = static_cast<int>(c.num_key_value_heads);
-      a.D = static_cast<int>(c.head_dim);
-      a.rot_dim = static_cast<int>(c.rotary_dim());
-      a.eps = eps;
-      attention_prefill(a, stream);
-      if (timer) timer->mark("attention");
-      GemmArgs out = dense(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), T);
-      out.weights_bf16 = opt.gemm_bf16w;
-      out.epi = GemmEpilogue::Add;
-      out.y = ws.h;
-      out.ldy = H;
-      qgemm(out, dense_tile, stream);
-      if (timer) timer->mark("gemm mixer out");
-      ++full;
-    }
-
-    // MoE: route on the GPU, then grouped expert GEMMs over the rows sorted by expert.
-    rmsnorm_rows(ws.h, L.post_norm, T, H, eps, ws.xb, ws.xf, stream);
-    if (timer) timer->mark("rmsnorm");
-    MoeRouteArgs r;
-    r.router = L.router;
-    r.x = ws.xf;
-    r.T = T;
-    r.E = E;
-    r.k = k;
-    r.norm_topk = c.norm_topk_prob;
-    r.tile_m = ws.tile_m;
-    r.route_w = ws.route_w;
-    r.expert_ids = ws.expert_ids;
-    r.shared_logit = ws.shared_logit;
-    r.counts = ws.counts;
-    r.offsets = ws.offsets;
-    r.partials = ws.router_partials;
-    r.cursor = ws.cursor;
-    r.counter = ws.route_counter;
-    r.x_rows = ws.x_rows;
-    r.y_rows = ws.y_rows;
-    r.tiles = ws.tiles;
-    r.n_tiles = ws.n_tiles;
-    r.max_tiles = max_tiles;
-    moe_route_prefill(r, stream);
-    if (opt.host_routing) host_tile_list(ws, E, T * k, max_tiles, stream);
-    if (timer) timer->mark("moe route");
-
-    const MoeExperts& m = L.experts;
-    GemmArgs gu = dense(m.gate_up, ws.xb, H, T * k);
-    gu.weights_bf16 = opt.gemm_bf16w;
-    gu.x_rows = ws.x_rows;
-    gu.epi = GemmEpilogue::SwiGlu;
-    gu.act = ws.act;
-    gu.ldy = I;
-    gu.swiglu_inter = I;
-    gu.tiles = ws.tiles;
-    gu.n_tiles = ws.n_tiles;
-    gu.max_tiles = max_tiles;
-    gu.expert_rows = 2 * I;
-    qgemm(gu, ws.tile_m, stream);
-    if (timer) timer->mark("moe experts gate/up");
-    GemmArgs dn = dense(m.down, ws.act, I, T * k);
-    dn.weights_bf16 = opt.gemm_bf16w;
-    dn.y = ws.y_slots;
-    dn.ldy = H;
-    dn.y_rows = ws.y_rows;
-    dn.y_scale = ws.route_w;
-    dn.tiles = ws.tiles;
-    dn.n_tiles = ws.n_tiles;
-    dn.max_tiles = max_tiles;
-    dn.expert_rows = H;
-    qgemm(dn, ws.tile_m, stream);
-    if (timer) timer->mark("moe experts down");
-
-    GemmArgs sgu = dense(m.shared_gate_up, ws.xb, H, T);
-
-    sgu.weights_bf16 = opt.gemm_bf16w;
-    sgu.epi = GemmEpilogue::SwiGlu;
-    sgu.act = ws.act_shared;
-    sgu.ldy = Is;
-    sgu.swiglu_inter = Is;
-    qgemm(sgu, dense_tile, stream);
-    GemmArgs sdn = dense(m.shared_down, ws.act_shared, Is, T);
-    sdn.weights_bf16 = opt.gemm_bf16w;
-    sdn.y = ws.y_shared;
-    sdn.ldy = H;
-    qgemm(sdn, dense_tile, stream);
-    if (timer) timer->mark("moe shared expert");
-    moe_combine(ws.h, ws.y_slots, ws.y_shared, ws.shared_logit, T, H, k, stream);
-    if (timer) timer->mark("moe combine");
+    rmsnorm_rows(ws.h, L.input_norm, T, k.H, k.eps, ws.xb, nullptr, stream);
+    k.mark("rmsnorm");
+    if (L.kind == LayerKind::Linear)
+      gdn_mixer(k, L, lin++);
+    else
+      attention_mixer(k, L, full++);
+    moe_block(k, L);
   }
   if (timer) timer->report(T);
 }
@@ -397,7 +404,11 @@ void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWor
   const int H = static_cast<int>(c.hidden_size);
   rmsnorm_rows(ws.h + static_cast<size_t>(row0) * H, W.final_norm, rows, H, static_cast<float>(c.rms_norm_eps), ws.xb,
                nullptr, stream);
-  GemmArgs g = dense(W.lm_head, ws.xb, H, rows);
+  GemmArgs g;  // exact weights: teacher-forced logits are the reference-facing output
+  g.W = W.lm_head;
+  g.x = ws.xb;
+  g.ldx = H;
+  g.M = rows;
   g.y = ws.logits;
   g.ldy = static_cast<int>(c.vocab_size);
   qgemm(g, dense_tile_rows(rows, PrefillOptions{}), stream);
