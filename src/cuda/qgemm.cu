@@ -49,15 +49,8 @@ __global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgem
   const bool grouped = a.tiles != nullptr;
 
   pdl_wait();
-  int expert = 0, row0 = blockIdx.y * BM, rows = min(BM, a.M - row0);
-  if (grouped) {
-    if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
-    const int4 t = a.tiles[blockIdx.y];
-    expert = t.x;
-    row0 = t.y;
-    rows = min(min(t.z, BM), a.M - t.y);
-  }
-  if (row0 < 0 || rows <= 0) return;
+  int expert, row0, rows;
+  if (!block_rows<BM>(a, expert, row0, rows)) return;
   const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
   const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
   const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W

@@ -33,6 +33,23 @@ __device__ __forceinline__ uint32_t weights_bf16x2(uint32_t code, int i, uint32_
   return w;
 }
 
+// The GEMM rows of this block (blockIdx.y): a row tile (dense), or the tile list entry
+// {expert, row0, rows} (grouped). False: nothing to do (past *n_tiles, or no rows).
+template <int BM>
+__device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& row0, int& rows) {
+  expert = 0;
+  row0 = blockIdx.y * BM;
+  rows = min(BM, a.M - row0);
+  if (a.tiles != nullptr) {
+    if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return false;
+    const int4 t = a.tiles[blockIdx.y];
+    expert = t.x;
+    row0 = t.y;
+    rows = min(min(t.z, BM), a.M - t.y);
+  }
+  return row0 >= 0 && rows > 0;
+}
+
 // The epilogue of both kernels. Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) holds
 // acc[rb][nt][i] = y[feature 16 (lb0 + kRB wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2]
 // of the tile's rows row0 .. row0 + rows - 1: every (row, feature) belongs to exactly one lane.
