@@ -422,6 +422,14 @@ def test_bad_device(tiny_mlx_dir):
         lily.Model.load(str(tiny_mlx_dir), device="tpu")
 
 
+def test_prefill_chunk_and_route_defaults(tiny_mlx_dir):
+    """0 (the default) takes the device's own chunk: 512 tokens on the CPU, which always
+    feeds whole chunks through each layer."""
+    engine = lily.Model.load(str(tiny_mlx_dir), device="cpu")._engine
+    assert engine.prefill_chunk == 512 and engine.prefill_route == "chunked"
+    assert lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=7)._engine.prefill_chunk == 7
+
+
 def test_bad_prefill_chunk(tiny_mlx_dir):
     with pytest.raises(lily.LilyError, match="prefill_chunk"):
         lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=-1)

@@ -1,6 +1,6 @@
 // Prefill of one chunk of prompt tokens on the device: every layer processes the whole
 // chunk at once (4-bit tensor-core GEMMs with dequantisation in the tile, MoE routing
-// and grouped expert GEMMs on the GPU, a register-resident Gated DeltaNet scan, flash
+// and grouped expert GEMMs on the GPU, the chunked (WY) Gated DeltaNet recurrence, flash
 // attention against the cache), with no host synchronisation anywhere in the chunk.
 // The session is left exactly as T decode steps would leave it: KV cache rows, conv
 // ring, recurrent state (in place, state[parity]) and, via the head, logits[parity].
