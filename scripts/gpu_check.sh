@@ -126,7 +126,7 @@ grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
-[ -n "${PICKED+x}" ] && echo "bench ran with: ${PICKED:-the defaults}"
+want variants && want bench && echo "bench ran with: ${PICKED:-the defaults}"
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
 grep '^|' "$OUT/ops.log" 2>/dev/null | head -70
 sed -n '/^## Prefill/,/^## Peak/p' "$OUT/bench/results.md" 2>/dev/null | grep -v '^## Peak'

@@ -1,5 +1,6 @@
 // The bf16 matmul ceiling: C = A B^T, A [M, K], B [N, K] bf16 (K contiguous), fp32
-// accumulate, bf16 C, on mma.sync m16n8k16 (the instruction lily's prefill kernels use;
+// accumulate, bf16 C (fp32 C for the GEMM of the separate-dequantisation ablation,
+// probe_gemm), on mma.sync m16n8k16 (the instruction lily's prefill kernels use;
 // this machine has no cuBLAS to call, and cuBLAS's wgmma kernels are faster on Hopper,
 // so the result is a lower bound of the card's bf16 rate).
 //
@@ -9,9 +10,11 @@
 // reads fall in 8 different bank groups.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "bf16.h"
 #include "cuda_check.h"
+#include "dequant_pass.h"
 #include "harness.h"
 #include "qmma.cuh"
 
@@ -20,7 +23,7 @@ namespace {
 
 using cuda::check;
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 3, kThreads = 256;
+constexpr int kBM = kProbeTileM, kBN = kProbeTileN, kBK = kProbeTileK, kStages = 3, kThreads = 256;
 constexpr int kStageBytes = (kBM + kBN) * kBK * 2;
 constexpr int kSmemBytes = kStages * kStageBytes;
 constexpr int kGroupM = 8;  // row panels that sweep the column panels together (L2 reuse)
@@ -45,9 +48,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 // Byte offset of 16-byte chunk c of row r in a [rows][kBK] bf16 tile.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) { return (r * kBK + ((c ^ (r & 7)) << 3)) * 2; }
 
-// M % 128 == 0, N % 256 == 0, K % 64 == 0 (the host checks).
+// M % 128 == 0, N % 256 == 0, K % 64 == 0 (the host checks). OutT: uint16_t (bf16) or float.
+template <typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
-    matmul_probe_kernel(const uint16_t* __restrict__ A, const uint16_t* __restrict__ B, uint16_t* __restrict__ C, int M,
+    matmul_probe_kernel(const uint16_t* __restrict__ A, const uint16_t* __restrict__ B, OutT* __restrict__ C, int M,
                         int N, int K) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -126,22 +130,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nt = 0; nt < 8; ++nt) {
       const int row = m0 + wm * 64 + mt * 16 + gid, col = n0 + wn * 64 + nt * 8 + 2 * t4;
       const float* c = acc[mt][nt];
-      *reinterpret_cast<uint32_t*>(C + static_cast<size_t>(row) * N + col) =
-          cuda::to_bf16_bits(c[0]) | (uint32_t(cuda::to_bf16_bits(c[1])) << 16);
-      *reinterpret_cast<uint32_t*>(C + static_cast<size_t>(row + 8) * N + col) =
-          cuda::to_bf16_bits(c[2]) | (uint32_t(cuda::to_bf16_bits(c[3])) << 16);
+      if constexpr (std::is_same_v<OutT, float>) {
+        *reinterpret_cast<float2*>(C + static_cast<size_t>(row) * N + col) = make_float2(c[0], c[1]);
+        *reinterpret_cast<float2*>(C + static_cast<size_t>(row + 8) * N + col) = make_float2(c[2], c[3]);
+      } else {
+        *reinterpret_cast<uint32_t*>(C + static_cast<size_t>(row) * N + col) =
+            cuda::to_bf16_bits(c[0]) | (uint32_t(cuda::to_bf16_bits(c[1])) << 16);
+        *reinterpret_cast<uint32_t*>(C + static_cast<size_t>(row + 8) * N + col) =
+            cuda::to_bf16_bits(c[2]) | (uint32_t(cuda::to_bf16_bits(c[3])) << 16);
+      }
     }
 }
 
-void matmul_probe(const uint16_t* A, const uint16_t* B, uint16_t* C, int M, int N, int K, cudaStream_t stream) {
-  if (M % kBM || N % kBN || K % kBK) fail("matmul probe: M, N, K must be multiples of 128, 256, 64");
+template <typename OutT>
+void matmul_probe(const uint16_t* A, const uint16_t* B, OutT* C, int M, int N, int K, cudaStream_t stream) {
+  if (M <= 0 || N <= 0 || K <= 0 || M % kBM || N % kBN || K % kBK)
+    fail("matmul probe: M, N, K (", std::to_string(M), ", ", std::to_string(N), ", ", std::to_string(K),
+         ") must be positive multiples of 128, 256, 64");
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(matmul_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+    check(cudaFuncSetAttribute(matmul_probe_kernel<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
           "matmul probe: set smem");
     return true;
   }();
   (void)configured;
-  matmul_probe_kernel<<<(M / kBM) * (N / kBN), kThreads, kSmemBytes, stream>>>(A, B, C, M, N, K);
+  matmul_probe_kernel<OutT><<<(M / kBM) * (N / kBN), kThreads, kSmemBytes, stream>>>(A, B, C, M, N, K);
   check(cudaGetLastError(), "matmul probe: launch");
 }
 
@@ -166,6 +178,10 @@ void spot_check(const uint16_t* A, const uint16_t* B, const uint16_t* C, int M, 
 }
 
 }  // namespace
+
+void probe_gemm(const uint16_t* X, const uint16_t* W16, float* Y, int M, int N, int K, cudaStream_t stream) {
+  matmul_probe(X, W16, Y, M, N, K, stream);
+}
 
 double matmul_probe_tflops(Timer& timer) {
   constexpr int M = 8192, N = 8192, K = 8192, kReps = 10;

@@ -1,10 +1,16 @@
 // The prefill GEMMs (qgemm) of a chunk of T = 4096 tokens at Qwen3.6-35B-A3B shapes, called
 // as src/cuda/prefill_step.cpp calls them: dense tiles of 64 and 128 rows, grouped expert
 // tiles of 32, 64 and 128; each with the exact kernel and with bf16 weights ("bf16 w",
-// GemmArgs::weights_bf16).
+// GemmArgs::weights_bf16). For the three large dense GEMMs, after their tile_m 64 rows, the
+// ablation of dequantising inside the GEMM: a separate dequantisation pass to a bf16 copy
+// followed by a bf16 GEMM, and that pass alone.
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "bench.h"
+#include "cuda_check.h"
+#include "dequant_pass.h"
 #include "qgemm.h"
 #include "shapes.h"
 
@@ -39,6 +45,80 @@ void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int 
                      g.ldy = N;
                    }
                    return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
+                 }});
+}
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// The separate path (dequant_bf16 + probe_gemm into y [kProbeTileM][Np]) against qgemm
+// with bf16 weights on the first kProbeTileM rows of x: the same weights bit for bit (both
+// round with weights_bf16x2) and the same bf16 x, so only the order of the fp32 sums
+// differs (~1e-6 of the output RMS). Fails when any output is off by more than 1e-3 of
+// the RMS, or unwritten (both outputs start as NaN).
+void check_separate(const std::string& op, Arena& A, const QMat& W, const uint16_t* x, uint16_t* w16, int Np) {
+  constexpr int M = kProbeTileM;
+  const int N = W.rows, K = W.cols;
+  float* y = A.zeros<float>(size_t(M) * Np);
+  float* y_ref = A.zeros<float>(size_t(M) * N);
+  check(cudaMemset(y, 0xFF, size_t(M) * Np * 4), "separate dequant check: poison");
+  check(cudaMemset(y_ref, 0xFF, size_t(M) * N * 4), "separate dequant check: poison");
+  check(cudaDeviceSynchronize(), "separate dequant check: inputs");
+  GemmArgs g;
+  g.W = W;
+  g.x = x;
+  g.ldx = K;
+  g.M = M;
+  g.y = y_ref;
+  g.ldy = N;
+  g.weights_bf16 = true;
+  qgemm(g, 64, nullptr);
+  dequant_bf16(W, w16, K, nullptr);
+  probe_gemm(x, w16, y, M, Np, K, nullptr);
+  check(cudaDeviceSynchronize(), "separate dequant check: run");
+  std::vector<float> got(size_t(M) * Np), want(size_t(M) * N);
+  check(cudaMemcpy(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost), "separate dequant check: download");
+  check(cudaMemcpy(want.data(), y_ref, want.size() * 4, cudaMemcpyDeviceToHost), "separate dequant check: download");
+  double ss = 0, worst = 0;
+  for (float v : want) ss += double(v) * v;
+  const double rms = std::sqrt(ss / double(want.size()));
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      const double d = std::fabs(double(got[size_t(m) * Np + n]) - want[size_t(m) * N + n]);
+      worst = std::isnan(d) ? INFINITY : std::max(worst, d);  // NaN: unwritten
+    }
+  if (!(worst <= 1e-3 * rms))  // also catches a NaN rms (qgemm left y_ref unwritten)
+    fail(op, ": the separate path differs from qgemm (bf16 w) on ", std::to_string(M), " rows by ",
+         std::to_string(worst / rms), " of the output RMS ", std::to_string(rms), " (tolerance 1e-3)");
+}
+
+// Y [M, N] = X [M, K] W^T (fp32, stored) through a bf16 copy of W: dequant_bf16 writes
+// W16 [N][K], then the probe GEMM of the matmul ceiling reads it. The probe needs multiples
+// of its 128 x 256 x 64 tile, so the entry pads: W16 to Np = N rounded up to 256 rows
+// (zeros) and Y to Np columns (row stride Np); the padding is in neither bytes nor FLOPs.
+// Bytes: the 4-bit W read, W16 written and read, X read, Y written.
+void add_separate(std::vector<Op>& ops, const std::string& what, int M, int N, int K) {
+  const int Np = round_up(N, kProbeTileN);
+  const std::string op = "dequant pass + bf16 GEMM (separate) " + what;
+  ops.push_back({op, "M " + std::to_string(M) + ", " + dims(N, K),
+                 qbytes(N, K, 4) + 2 * 2.0 * N * K + M * 2.0 * K + M * 4.0 * N, 2.0 * M * N * K,
+                 [=](Arena& A) -> Launch {
+                   if (M % kProbeTileM != 0 || K % kProbeTileK != 0)
+                     fail(op, ": M and K must be multiples of ", std::to_string(kProbeTileM), " and ",
+                          std::to_string(kProbeTileK));
+                   const QMat W = A.qmat(N, K, 4, true);
+                   const uint16_t* x = A.normal_bf16(size_t(M) * K);
+                   uint16_t* w16 = A.zeros<uint16_t>(size_t(Np) * K);
+                   float* y = A.normal(size_t(M) * Np);
+                   check_separate(op, A, W, x, w16, Np);
+                   return [=](cudaStream_t s) {
+                     dequant_bf16(W, w16, K, s);
+                     probe_gemm(x, w16, y, M, Np, K, s);
+                   };
+                 }});
+  ops.push_back({"dequant pass alone " + what, dims(N, K), qbytes(N, K, 4) + 2.0 * N * K, 0, [=](Arena& A) -> Launch {
+                   const QMat W = A.qmat(N, K, 4, true);
+                   uint16_t* w16 = A.zeros<uint16_t>(size_t(N) * K);
+                   return [=](cudaStream_t s) { dequant_bf16(W, w16, K, s); };
                  }});
 }
 
@@ -133,13 +213,22 @@ void add_grouped(std::vector<Op>& ops, int tile_m, bool w16) {
 }  // namespace
 
 void add_prefill_gemm_ops(std::vector<Op>& ops) {
+  struct Dense {
+    const char* what;
+    int N, K;
+    GemmEpilogue epi;
+    bool ablation;  // + the separate dequantisation pass after its tile_m 64 rows
+  };
+  const Dense dense[] = {{"gdn in_proj", kGdnRows, kH, GemmEpilogue::Store, true},
+                         {"attn qkv", kAttnRows, kH, GemmEpilogue::Store, true},
+                         {"gdn out_proj / attn o_proj", kH, kHq * kD, GemmEpilogue::Add, true},
+                         {"shared expert gate/up", 2 * kIs, kH, GemmEpilogue::SwiGlu, false},
+                         {"shared expert down", kH, kIs, GemmEpilogue::Store, false}};
+  // Per shape: in-tile dequantisation exact, in-tile to bf16 weights, then (tile_m 64) a separate pass.
   for (int tile_m : {128, 64})
-    for (bool w16 : {false, true}) {
-      add_dense(ops, "gdn in_proj", kT, kGdnRows, kH, GemmEpilogue::Store, tile_m, w16);
-      add_dense(ops, "attn qkv", kT, kAttnRows, kH, GemmEpilogue::Store, tile_m, w16);
-      add_dense(ops, "gdn out_proj / attn o_proj", kT, kH, kHq * kD, GemmEpilogue::Add, tile_m, w16);
-      add_dense(ops, "shared expert gate/up", kT, 2 * kIs, kH, GemmEpilogue::SwiGlu, tile_m, w16);
-      add_dense(ops, "shared expert down", kT, kH, kIs, GemmEpilogue::Store, tile_m, w16);
+    for (const Dense& d : dense) {
+      for (bool w16 : {false, true}) add_dense(ops, d.what, kT, d.N, d.K, d.epi, tile_m, w16);
+      if (tile_m == 64 && d.ablation) add_separate(ops, d.what, kT, d.N, d.K);
     }
   for (int tile_m : {32, 64, 128})
     for (bool w16 : {false, true}) add_grouped(ops, tile_m, w16);

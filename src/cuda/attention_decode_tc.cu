@@ -279,12 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
 
 template <int D>
 void launch_tc(const AttnArgs& a, const int* halt, cudaStream_t stream) {
-  static const bool configured = [] {  // > 48 KB of shared memory needs an opt-in, once
-    check(cudaFuncSetAttribute(attention_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>),
-          "attention_decode_tc: shared memory opt-in");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_tc_kernel<D>), kSmemBytes<D>,
+                     "attention_decode_tc: shared memory opt-in");
   launch("attention_decode_tc", attention_tc_kernel<D>, dim3(a.Hkv, a.max_splits), dim3(kThreads), kSmemBytes<D>,
          stream, a, halt);
   launch("attention_merge", attention_merge_kernel<D>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);

@@ -275,12 +275,8 @@ size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 
 template <int D>
 void launch_flash(const FlashParams& p, cudaStream_t stream) {
-  static const bool configured = [] {  // > 48 KB of shared memory needs an opt-in, once
-    check(cudaFuncSetAttribute(attention_flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<D>),
-          "attention_prefill: shared memory opt-in");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_flash_kernel<D>), kSmemBytes<D>,
+                     "attention_prefill: shared memory opt-in");
   launch("attention_prefill_flash", attention_flash_kernel<D>, dim3(p.blocks, p.splits), dim3(kThreads),
          kSmemBytes<D>, stream, p);
   if (p.splits > 1)

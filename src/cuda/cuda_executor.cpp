@@ -80,6 +80,11 @@ void validate(const ModelConfig& c) {
                                     c.linear_value_head_dim % 16 != 0 || c.linear_value_head_dim > 128))
     fail("CUDA executor: linear head dims must be multiples of 16, <= 128");
   if (c.num_experts_per_tok > 16) fail("CUDA executor: num_experts_per_tok > 16 is not supported");
+  if (c.num_full_layers() > 0) {  // partial rotate-half RoPE: pairs must sit a power-of-two lanes apart
+    const int64_t per_lane = c.head_dim / 32, half = c.rotary_dim() / 2;
+    if (half <= 0 || 2 * half > c.head_dim || half % per_lane != 0 || ((half / per_lane) & (half / per_lane - 1)) != 0)
+      fail("CUDA executor: rotary dim ", std::to_string(c.rotary_dim()), " does not fit head_dim ", std::to_string(c.head_dim));
+  }
   if (c.layer_kinds.empty()) fail("CUDA executor: the model has no layers");
 }
 
@@ -96,10 +101,10 @@ class CudaExecutor : public Executor {
     dw_ = std::make_unique<DeviceWeights>(*weights_);
     ws_ = std::make_unique<Workspace>(weights_->config);
     reserve_staging(64);
-    prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096);
-    prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2);
+    prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096, 1, 1 << 20);
+    prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2, 1, 1 << 20);
     popt_ = PrefillOptions::from_env();
-    if (env_int("LILY_CUDA_PREFILL", 1) == 0)
+    if (!env_flag("LILY_CUDA_PREFILL", true))
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
       prefill_route_ = "token by token (" + why + ")";
@@ -145,7 +150,7 @@ class CudaExecutor : public Executor {
   cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
   void copy_session(CudaSession& dst, const CudaSession& src);
-  void prefill(CudaSession& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits);
+  void prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits);
   void reserve_staging(int64_t n);
   void upload_ctl(const CudaSession& s, const GenerateRequest& req);
 
@@ -203,10 +208,9 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice ho
 
 // One chunk through prefill_step: tokens up, every layer over the chunk, the new
 // position written, then the last row's logits (and, teacher-forced, every row's).
-void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) {
+void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits) {
   const ModelConfig& c = weights_->config;
-  const int64_t V = c.vocab_size;
-  const int T = static_cast<int>(n), pos0 = static_cast<int>(s.position());
+  const int64_t V = c.vocab_size, n = T;
   if (!pws_ || pws_->capacity < T) {  // grows to the chunk size at most, in powers of two
     pws_.reset();
     int cap = 64;
@@ -245,7 +249,14 @@ void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
   if (prefill_route_ == "chunked" && n >= prefill_min_) {
-    prefill(s, tokens, n, last_logits, all_logits);
+    // At most kMaxPrefillChunk tokens per pass: one grid row per token (embedding), and
+    // grouped-GEMM tile lists under 65,536 blocks.
+    constexpr int64_t kMaxPrefillChunk = 16384;
+    const int64_t V = weights_->config.vocab_size;
+    for (int64_t off = 0; off < n; off += kMaxPrefillChunk) {
+      const int len = static_cast<int>(std::min(kMaxPrefillChunk, n - off));
+      prefill(s, tokens + off, len, static_cast<int>(s.position() + off), last_logits, all_logits ? all_logits + off * V : nullptr);
+    }
     return;
   }
   const int64_t V = weights_->config.vocab_size;

@@ -1,6 +1,7 @@
 #include "cuda_weights.h"
 
 #include "attention_decode.h"
+#include "env.h"
 #include "qmma_pack.h"
 
 #include <cmath>
@@ -93,7 +94,7 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
   const ModelConfig& c = w.config;
   if (c.linear_conv_kernel_dim != 4 && c.num_linear_layers() > 0)
     fail("CUDA executor: linear_conv_kernel_dim ", std::to_string(c.linear_conv_kernel_dim), " is not supported (4)");
-  if (const char* v = std::getenv("LILY_CUDA_TENSOR_CORES"); v && std::strcmp(v, "0") == 0) tensor_cores = false;
+  tensor_cores = env_flag("LILY_CUDA_TENSOR_CORES", true);
   embed = upload_stack({w.embed}, "embed_tokens");
   lm_head = upload_stack({w.lm_head}, "lm_head", tiles_if_eligible(w.lm_head));
   final_norm = upload_dense(w.final_norm, "norm");

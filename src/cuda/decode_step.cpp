@@ -34,8 +34,8 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   shared_gate = alloc<float>(1, "workspace shared gate");
   router_counter = alloc<unsigned>(1, "workspace router counter");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
-  moe_fused = env_int("LILY_CUDA_MOE_FUSED", 0) != 0;
-  attn_tensor_cores = env_int("LILY_CUDA_ATTN_TC", 1) != 0;
+  moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
+  attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)

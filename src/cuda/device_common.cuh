@@ -83,4 +83,8 @@ void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();
 
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device (once per
+// device, kernel and size: the attribute belongs to a device); `op` names the failure.
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op);
+
 }  // namespace lily::cuda

@@ -381,23 +381,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunk_state_kernel(GdnChunked
   pdl_trigger();
 }
 
-template <typename K>
-void allow_smem(K kernel, size_t bytes, const char* what) {
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), what);
-}
-
 template <int DK>
 void launch_chunked(const GdnChunkedPrefillArgs& a, cudaStream_t stream) {
   auto prep = gdn_chunk_prep_kernel<DK>;
   auto state32 = gdn_chunk_state_kernel<DK, 32>;
   auto state16 = gdn_chunk_state_kernel<DK, 16>;
-  static const bool configured = [&] {
-    allow_smem(prep, PrepSmem<DK>::bytes, "gdn_chunked_prefill: set prep smem");
-    allow_smem(state32, StateSmem<DK, 32>::bytes, "gdn_chunked_prefill: set state smem");
-    allow_smem(state16, StateSmem<DK, 16>::bytes, "gdn_chunked_prefill: set state smem");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(prep), PrepSmem<DK>::bytes, "gdn_chunked_prefill: set prep smem");
+  allow_dynamic_smem(reinterpret_cast<const void*>(state32), StateSmem<DK, 32>::bytes, "gdn_chunked_prefill: set state smem");
+  allow_dynamic_smem(reinterpret_cast<const void*>(state16), StateSmem<DK, 16>::bytes, "gdn_chunked_prefill: set state smem");
   const int n_chunks = (a.T + kC - 1) / kC;
   launch("gdn_chunk_prep", prep, dim3(n_chunks, a.Hv), dim3(kThreads), PrepSmem<DK>::bytes, stream, a);
   if (a.Dv % 32 == 0)

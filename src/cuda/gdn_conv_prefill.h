@@ -1,4 +1,5 @@
-// Gated DeltaNet prefill, step 1 of 3 (then gdn_scan_prefill, gdn_gated_norm): for a
+// Gated DeltaNet prefill, step 1 of 3 (then the recurrence: gdn_scan_prefill or
+// gdn_chunked_prefill, then gdn_gated_norm): for a
 // chunk of T tokens at positions pos0 .. pos0+T-1, the per-token maths of gdn_decode
 // before the recurrence:
 //   y[t][c] = silu(sum_{i<4} w[c][i] * pre[t-3+i][c])   (pre = the q|k|v columns of proj;

@@ -12,7 +12,7 @@
 namespace lily::cuda {
 
 struct GdnGatedNormArgs {
-  const float* o = nullptr;  // [T][Hv][Dv] (gdn_scan_prefill)
+  const float* o = nullptr;  // [T][Hv][Dv] (the recurrence: gdn_scan_prefill or gdn_chunked_prefill)
   const float* z = nullptr;  // z of token t at z + t*ldz: [Hv*Dv] (proj + conv_dim, ldz = the proj row stride)
   int ldz = 0;
   const float* w = nullptr;  // [Dv] plain weight (not +1-shifted), shared by all heads

@@ -213,13 +213,8 @@ __global__ void __launch_bounds__(256, 1) gdn_scan_prefill_kernel(GdnScanPrefill
 template <int DK>
 void launch_scan(const GdnScanPrefillArgs& a, cudaStream_t stream) {
   auto kernel = gdn_scan_prefill_kernel<DK>;
-  static const bool configured = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               2 * stage_floats(DK, 32) * static_cast<int>(sizeof(float))),
-          "gdn_scan_prefill: set smem");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 2 * stage_floats(DK, 32) * sizeof(float),
+                     "gdn_scan_prefill: set smem");
   const int cb = a.Dv % 32 == 0 ? 32 : 16;
   launch("gdn_scan_prefill", kernel, dim3(a.Dv / cb, a.Hv), dim3(cb / 4 * 32), 2 * stage_floats(DK, cb) * sizeof(float),
          stream, a, cb);

@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
 template <int GPW>
 void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   auto kernel = gemv_mma_kernel<GPW>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
   static const int blocks_per_sm = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "gemv: set smem");
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
     return std::max(n, 1);
@@ -95,8 +95,8 @@ template <int BITS, int R, int U>
 void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   auto kernel = gemv_kernel<BITS, R, U>;
   const size_t smem = stage_bytes<BITS>(W.cols);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
   static int blocks_per_sm = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "gemv: set smem");
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
     return std::max(n, 1);

@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
 template <int BITS>
 void launch_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   auto kernel = lm_head_kernel<BITS>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "lm_head: set smem");
   static int blocks_per_sm = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "lm_head: set smem");
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 16 * 1024), "lm_head: occupancy");
     return std::max(n, 1);
@@ -154,8 +154,8 @@ void launch_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
 template <int GPW>
 void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   auto kernel = lm_head_mma_kernel<GPW>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "lm_head: set smem");
   static const int blocks_per_sm = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), "lm_head: set smem");
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "lm_head: occupancy");
     return std::max(n, 1);

@@ -278,8 +278,8 @@ template <int GPW, int DU>
 void launch_fused(const QMat& R, const MoeExperts& m, const XSpec& X, int E, int k, bool norm_topk,
                   const MoeFusedScratch& s, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
   auto kernel = moe_fused_kernel<GPW, DU>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kMaxSmem, "moe_fused: set smem");
   static const int blocks_per_sm = [&] {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem), "moe_fused: set smem");
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, kMaxSmem), "moe_fused: occupancy");
     return n;

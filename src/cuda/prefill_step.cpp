@@ -45,11 +45,14 @@ void host_tile_list(PrefillWorkspace& ws, int E, int rows, int max_tiles, cudaSt
   int sum = 0;
   for (int e = 0; e < E; sum += counts[e], ++e)
     for (int r = 0; r < counts[e]; r += ws.tile_m) tiles.push_back(make_int4(e, sum + r, std::min(ws.tile_m, counts[e] - r), 0));
-  if (sum != rows || static_cast<int>(tiles.size()) > max_tiles)
-    fail("prefill routing: the expert counts do not add up to the routed rows");
-  const int n = static_cast<int>(tiles.size());
-  check(cudaMemcpy(ws.tiles, tiles.data(), n * sizeof(int4), cudaMemcpyHostToDevice), "cudaMemcpy (tiles)");
-  check(cudaMemcpy(ws.n_tiles, &n, sizeof(int), cudaMemcpyHostToDevice), "cudaMemcpy (tile count)");
+  if (sum != rows) fail("prefill routing: the expert counts add up to ", std::to_string(sum), " rows, not ", std::to_string(rows));
+  if (static_cast<int>(tiles.size()) > max_tiles)
+    fail("prefill routing: ", std::to_string(tiles.size()), " tiles exceed the bound ", std::to_string(max_tiles));
+  tiles.push_back(make_int4(static_cast<int>(tiles.size()), 0, 0, 0));  // its .x: the count
+  const size_t n = tiles.size() - 1;
+  check(cudaMemcpyAsync(ws.tiles, tiles.data(), n * sizeof(int4), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (tiles)");
+  check(cudaMemcpyAsync(ws.n_tiles, &tiles.back().x, sizeof(int), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (tile count)");
+  check(cudaStreamSynchronize(stream), "prefill routing (host round trip)");  // `tiles` is freed on return
 }
 
 // Dense-GEMM tile rows by chunk length (64 beats 128 at T = 4096, perf-log P1).
@@ -63,13 +66,13 @@ int dense_tile_rows(int T, const PrefillOptions& opt) {
 
 PrefillOptions PrefillOptions::from_env() {
   PrefillOptions o;
-  o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0);
-  o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0);
+  o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0, 0, 128);
+  o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0, 0, 128);
   for (int t : {o.moe_tile, o.dense_tile})
     if (t != 0 && t != 16 && t != 32 && t != 64 && t != 128)
       fail("LILY_PREFILL_MOE_TILE and LILY_PREFILL_DENSE_TILE must be 16, 32, 64 or 128, got ", std::to_string(t));
-  o.host_routing = env_int("LILY_PREFILL_HOST_ROUTING", 0) != 0;
-  o.profile = env_int("LILY_PREFILL_PROFILE", 0) != 0;
+  o.host_routing = env_flag("LILY_PREFILL_HOST_ROUTING", false);
+  o.profile = env_flag("LILY_PREFILL_PROFILE", false);
   if (const char* g = std::getenv("LILY_PREFILL_GEMM"); g && *g) {
     if (std::strcmp(g, "bf16w") != 0 && std::strcmp(g, "exact") != 0)
       fail("LILY_PREFILL_GEMM must be 'exact' or 'bf16w', got '", g, "'");
@@ -152,16 +155,18 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
     if (!m.gate_up.tiled || !m.down.tiled || !m.shared_gate_up.tiled || !m.shared_down.tiled)
       return no(at + "expert matrices are not 4-bit group-64 (tensor-core layout)");
   }
-  if (c.num_full_layers() > 0 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
-    return no("head_dim " + std::to_string(c.head_dim) + " (prefill attention: 64, 128, 256)");
-  if (c.hidden_size % 64 != 0) return no("hidden_size is not a multiple of 64");
-  if (c.num_linear_layers() > 0) {
-    const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim;
-    const int64_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
-    if (Dk % 16 || Dk > 128 || Dv % 16 || Dv > 128) return no("linear head dims (prefill scan: multiples of 16, <= 128)");
-    if (c.linear_num_value_heads % c.linear_num_key_heads) return no("linear value heads not a multiple of key heads");
-    if (gdn_rows % 4) return no("Gated DeltaNet projection rows not a multiple of 4");
-  }
+  // Every limit a prefill kernel checks at launch is checked here, before anything of a
+  // chunk runs: a chunk never stops half-way with the session's state part-updated.
+  // (Head dims, RoPE, top-k <= 16 and hidden_size % 128 are validated for the executor.)
+  const MoeExperts& m0 = W.layers.front().experts;
+  const QMat& router = W.layers.front().router;
+  if (c.hidden_size > 8192) return no("hidden_size " + std::to_string(c.hidden_size) + " (prefill norms: <= 8192)");
+  if (c.num_experts > kMoeMaxExperts) return no("more than " + std::to_string(kMoeMaxExperts) + " experts");
+  if (router.tiled || (router.bits != 4 && router.bits != 8) || (router.cols / router.groups()) % 16 != 0)
+    return no("the router is not a 4- or 8-bit matrix in MLX row order with groups of a multiple of 16");
+  if (m0.inter % 8 != 0 || m0.shared_inter % 8 != 0) return no("expert intermediate sizes not multiples of 8");
+  if (c.num_linear_layers() > 0 && (c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads) % 4 != 0)
+    return no("Gated DeltaNet projection rows not a multiple of 4");
   if (c.num_full_layers() > 0 && c.num_attention_heads / c.num_key_value_heads > 16)
     return no("more than 16 query heads per KV head");
   return true;

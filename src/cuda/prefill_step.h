@@ -15,8 +15,8 @@
 
 namespace lily::cuda {
 
-// Knobs of the prefill route (environment, read once per executor; each is an
-// ablation measured in docs/perf-log.md).
+// Knobs of the prefill route (environment, read once per executor; docs/usage.md lists
+// them, docs/perf-log.md holds their measured effect where one was measured).
 struct PrefillOptions {
   int moe_tile = 0;          // LILY_PREFILL_MOE_TILE: rows per grouped-GEMM tile (16/32/64/128; 0 = by load)
   int dense_tile = 0;        // LILY_PREFILL_DENSE_TILE: rows per dense-GEMM tile (16/32/64/128; 0 = by length)
@@ -25,7 +25,7 @@ struct PrefillOptions {
   // LILY_PREFILL_GDN=scan|chunked: the Gated DeltaNet recurrence as the register-resident
   // sequential scan or the chunked WY form; unset: chunked from kGdnChunkedMinTokens on.
   enum class Gdn { ByLength, Scan, Chunked } gdn = Gdn::ByLength;
-  static constexpr int kGdnChunkedMinTokens = 64;  // one full 64-token chunk
+  static constexpr int kGdnChunkedMinTokens = 64;  // one full 64-token chunk (measured at 4K only)
   // LILY_PREFILL_GEMM=exact|bf16w: scale and bias folded per group in fp32 (exact), or the
   // weights rounded once to bf16 in registers with one accumulator over K (as MLX's GPU
   // kernels compute; 1.30x faster end to end at 4K, perf-log P3). Default bf16w.

@@ -215,12 +215,7 @@ __global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgem
 template <int BM>
 void launch_tile(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
   using T = Tile<BM>;
-  static const bool configured = [] {
-    check(cudaFuncSetAttribute(qgemm_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem),
-          "qgemm: set shared memory size");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(qgemm_kernel<BM>), T::kSmem, "qgemm: set shared memory size");
   launch("qgemm", qgemm_kernel<BM>, grid, dim3(T::kThreads), T::kSmem, stream, a);
 }
 

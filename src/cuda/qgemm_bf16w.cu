@@ -165,12 +165,8 @@ __global__ void __launch_bounds__(TileW<BM>::kThreads, TileW<BM>::kMinBlocks) qg
 template <int BM>
 void launch_tile(const GemmArgs& a, int blocks_y, cudaStream_t stream) {
   using T = TileW<BM>;
-  static const bool configured = [] {
-    check(cudaFuncSetAttribute(qgemm_bf16w_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem),
-          "qgemm (bf16 weights): set shared memory size");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(qgemm_bf16w_kernel<BM>), T::kSmem,
+                     "qgemm (bf16 weights): set shared memory size");
   const int n_feat = a.tiles ? a.expert_rows : a.W.rows;
   const dim3 grid((n_feat + T::kFeatures - 1) / T::kFeatures, blocks_y);
   launch("qgemm (bf16 weights)", qgemm_bf16w_kernel<BM>, grid, dim3(T::kThreads), T::kSmem, stream, a);

@@ -172,12 +172,7 @@ __global__ void __launch_bounds__(kThreads)
 void sample_topk(const float* logits, int vocab, const DecodeCtl* ctl, const TokenSink& sink, const int* halt,
                  cudaStream_t stream) {
   const size_t smem = kBins * 4 + kSampleCap * 8;
-  static bool configured = [] {
-    check(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
-          "sample_topk: set smem");
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(reinterpret_cast<const void*>(sample_kernel), 64 * 1024, "sample_topk: set smem");
   launch("sample_topk", sample_kernel, dim3(1), dim3(kThreads), smem, stream, logits, vocab, ctl, sink, halt);
 }
 

@@ -43,13 +43,14 @@ def host() -> dict:
 
 def git(where: Path) -> dict | None:
     """Commit of the checkout at `where`, and whether tracked files differ from it. A copy
-    of the tree on a GPU machine names its commit in LILY_GIT_COMMIT, which wins: the .git
-    that travels with such a copy may be older than its files."""
+    of the tree on a GPU machine names its commit in LILY_GIT_COMMIT, which wins (the .git
+    that travels with such a copy may be older than its files); the checkout's own HEAD is
+    then kept beside it, so a stale export can be seen for what it is."""
+    commit = _run(["git", "rev-parse", "HEAD"], where)
+    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"], where)) if commit else False
     given = os.environ.get("LILY_GIT_COMMIT")
     if given:
-        return {"commit": given, "dirty": False, "where": "LILY_GIT_COMMIT"}
-    commit = _run(["git", "rev-parse", "HEAD"], where)
+        return {"commit": given, "dirty": False, "where": "LILY_GIT_COMMIT", "checkout": commit, "checkout_dirty": dirty}
     if commit is None:
         return None
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], where)
-    return {"commit": commit, "dirty": bool(dirty), "where": str(where)}
+    return {"commit": commit, "dirty": dirty, "where": str(where)}
