@@ -28,7 +28,8 @@ struct Tile {
   static constexpr int kCodeBytes = kBlocks * 512, kSbBytes = kBlocks * 64, kXBytes = BM * kXStride * 2;
   static constexpr int kStageBytes = kCodeBytes + kSbBytes + kXBytes;
   static constexpr int kSmem = kStages * kStageBytes + 2 * BM * 4;  // + xsum [2][BM]
-  static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kXCopies = BM * 8 / kThreads;
+  static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kXChunks = BM * 8, kXCopies = kXChunks / kThreads;
+  static constexpr int kSbThreads = 32;  // 8 blocks x 4 threads of 16 bytes
   static_assert(kNT >= 2 && kNT % 2 == 0, "n-tiles go in pairs (one ldmatrix.x4)");
   static_assert(BM / 16 <= kWarps, "one warp sums each 16 rows of X");
   static_assert(kCodeCopies * kThreads == kBlocks * 32 && kXCopies * kThreads == BM * 8 && kThreads >= 32);
@@ -56,45 +57,12 @@ __global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgem
   const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
   auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
 
-  // This thread's cp.async sources at group 0 as element offsets (-1: a missing block or
-  // row, copied as 0 bytes, i.e. zero-filled); 32-bit to keep registers for the tile.
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  int code_off[T::kCodeCopies];  // uint4 of W.codes: tile (block, group 0), lane part
-#pragma unroll
-  for (int i = 0; i < T::kCodeCopies; ++i) {
-    const int c = tid + i * T::kThreads, lb = c >> 5;  // stage layout [block][lane] uint4
-    code_off[i] = block_ok(lb) ? (rb0 + lb) * G * 32 + (c & 31) : -1;
-  }
-  int sb_off = -1;  // threads < 32: uint32 of W.sb, 4 of a block's 16 scale|bias words
-  if (tid < 32 && block_ok(tid >> 2)) sb_off = (rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
-  int x_row[T::kXCopies];  // stage layout [row][8 chunks of 8 bf16]
-#pragma unroll
-  for (int i = 0; i < T::kXCopies; ++i) {
-    const int r = (tid + i * T::kThreads) >> 3;
-    x_row[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
-  }
+  const StagePlan<T> plan(a, tid, rb0, row0, rows, G, block_ok);
 
   // Stage of group g (always one commit group, so wait counts stay uniform).
   auto load_stage = [&](int g) {
-    if (g < G) {
-      const uint32_t st = smem0 + (g % S) * T::kStageBytes;
-#pragma unroll
-      for (int i = 0; i < T::kCodeCopies; ++i) {
-        const bool ok = code_off[i] >= 0;
-        cp_async16(st + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0), ok ? 16 : 0);
-      }
-      if (tid < 32) {
-        const bool ok = sb_off >= 0;
-        cp_async16(st + T::kCodeBytes + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
-      }
-#pragma unroll
-      for (int i = 0; i < T::kXCopies; ++i) {
-        const int c = tid + i * T::kThreads;
-        const bool ok = x_row[i] >= 0;
-        const uint16_t* src = a.x + (ok ? static_cast<size_t>(x_row[i]) * a.ldx + 64 * g + 8 * (c & 7) : 0);
-        cp_async16(st + T::kCodeBytes + T::kSbBytes + (c >> 3) * T::kXStride * 2 + 16 * (c & 7), src, ok ? 16 : 0);
-      }
-    }
+    if (g < G) plan.load(a, smem0 + (g % S) * T::kStageBytes, tid, g);
     cp_async_commit();
   };
 

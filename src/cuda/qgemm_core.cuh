@@ -50,6 +50,56 @@ __device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& 
   return row0 >= 0 && rows > 0;
 }
 
+// A block's cp.async plan, the same for both kernels (T: their tile constants): per group
+// g of 64 columns one stage holds the block's weight tiles as stored (codes, then the
+// scale|bias words) and its X tile [BM][64] (rows padded to T::kXStride bf16). The
+// sources are kept as element offsets at group 0, 32-bit to spare registers; -1 marks a
+// missing row block or row, copied as 0 bytes, i.e. zero-filled (zero weights, zero rows).
+template <class T>
+struct StagePlan {
+  int code_off[T::kCodeCopies];  // uint4 of W.codes: tile (block, group 0), lane part
+  int sb_off = -1;               // threads < kSbThreads: uint32 of W.sb, 4 of a block's 16 words
+  int x_row[T::kXCopies];        // X row of this thread's chunks (stage layout [row][8 chunks of 8 bf16])
+
+  // block_ok(lb): row block lb of the tile exists; rb0: the tile's first row block in W.
+  template <class BlockOk>
+  __device__ __forceinline__ StagePlan(const GemmArgs& a, int tid, int rb0, int row0, int rows, int G,
+                                       BlockOk block_ok) {
+#pragma unroll
+    for (int i = 0; i < T::kCodeCopies; ++i) {
+      const int c = tid + i * T::kThreads, lb = c >> 5;  // stage layout [block][lane] uint4
+      code_off[i] = block_ok(lb) ? (rb0 + lb) * G * 32 + (c & 31) : -1;
+    }
+    if (tid < T::kSbThreads && block_ok(tid >> 2)) sb_off = (rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
+#pragma unroll
+    for (int i = 0; i < T::kXCopies; ++i) {
+      const int r = (tid + i * T::kThreads) >> 3;
+      x_row[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
+    }
+  }
+
+  // Issues the copies of group g into the stage at shared address st (no commit).
+  __device__ __forceinline__ void load(const GemmArgs& a, uint32_t st, int tid, int g) const {
+#pragma unroll
+    for (int i = 0; i < T::kCodeCopies; ++i) {
+      const bool ok = code_off[i] >= 0;
+      cp_async16(st + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0), ok ? 16 : 0);
+    }
+    if (tid < T::kSbThreads) {
+      const bool ok = sb_off >= 0;
+      cp_async16(st + T::kCodeBytes + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kXCopies; ++i) {
+      const int c = tid + i * T::kThreads;
+      if (T::kXChunks % T::kThreads != 0 && c >= T::kXChunks) continue;
+      const bool ok = x_row[i] >= 0;
+      const uint16_t* src = a.x + (ok ? static_cast<size_t>(x_row[i]) * a.ldx + 64 * g + 8 * (c & 7) : 0);
+      cp_async16(st + T::kCodeBytes + T::kSbBytes + (c >> 3) * T::kXStride * 2 + 16 * (c & 7), src, ok ? 16 : 0);
+    }
+  }
+};
+
 // The epilogue of both kernels. Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) holds
 // acc[rb][nt][i] = y[feature 16 (lb0 + kRB wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2]
 // of the tile's rows row0 .. row0 + rows - 1: every (row, feature) belongs to exactly one lane.
