@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "gemv_core.cuh"
+#include "moe_topk.cuh"
 #include "qmma.cuh"
 
 namespace lily::cuda {
@@ -62,42 +63,6 @@ struct GridBarrier {
     __syncthreads();
   }
 };
-
-// Softmax over logits[0..E) + top-k by one warp (shuffles only), the maths and tie rule
-// of moe_router: p (E floats) holds exp(l - max), taken experts are marked -1, ties keep
-// the lower id. Logits were written by other blocks: read through L2.
-__device__ void route(const float* logits, int E, int k, bool norm_topk, float* p, int* ids, float* w) {
-  const int lane = threadIdx.x & 31;
-  float m = -FLT_MAX;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(logits + e));
-  m = warp_max(m);
-  float z = 0.0f;
-  for (int e = lane; e < E; e += 32) z += p[e] = __expf(__ldcg(logits + e) - m);
-  z = warp_sum(z);
-  float chosen_sum = 0.0f, chosen_p = 0.0f;
-  int chosen_i = 0;
-  for (int j = 0; j < k; ++j) {
-    float v = -FLT_MAX;
-    int i = 0x7fffffff;
-    for (int e = lane; e < E; e += 32)
-      if (p[e] > v) { v = p[e]; i = e; }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-      if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-    }
-    if (lane == j) { chosen_p = v; chosen_i = i; }
-    if (lane == (i & 31)) p[i] = -1.0f;
-    __syncwarp();
-    chosen_sum += v;
-  }
-  if (lane < k) {
-    ids[lane] = chosen_i;
-    w[lane] = chosen_p / (norm_topk ? chosen_sum : z);
-  }
-  if (lane == 0) w[k] = sigmoidf_(__ldcg(logits + E));
-}
 
 // Shared memory: one staging region reused by the phases (router x, then the gate/up x
 // fragments, then the activation fragments), then the routing scratch.
@@ -170,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   bar.wait();
 
   // Phase 2: routing (every block), then gate/up.
-  if (warp == 0) route(s.logits, E, k, norm_topk != 0, p, f.ids, f.w);
+  if (warp == 0) route_topk(s.logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x <= k) {
     if (threadIdx.x < k) {

@@ -1,53 +1,16 @@
 #include "moe_router.h"
-#include "gemv_core.cuh"
 
 #include <algorithm>
 #include <cfloat>
+
+#include "gemv_core.cuh"
+#include "moe_topk.cuh"
 
 namespace lily::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxTopK = 16;
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
-  }
-}
-
-// Softmax + top-k over logits[0..E), by one warp of the last block (shuffles only).
-// p (shared memory, E floats) holds exp(l - max); taken experts are marked -1.
-__device__ void route(const float* logits, int E, int k, bool norm_topk, const RouterOut& out, float* p) {
-  const int lane = threadIdx.x & 31;
-  float m = -FLT_MAX;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(logits + e));
-  m = warp_max(m);
-  float z = 0.0f;
-  for (int e = lane; e < E; e += 32) z += p[e] = __expf(__ldcg(logits + e) - m);
-  z = warp_sum(z);
-  float chosen_sum = 0.0f, chosen_p = 0.0f;
-  int chosen_i = 0;
-  for (int j = 0; j < k; ++j) {
-    float v = -FLT_MAX;
-    int i = 0x7fffffff;
-    for (int e = lane; e < E; e += 32)
-      if (p[e] > v) { v = p[e]; i = e; }  // ascending e: ties keep the lower id
-    warp_argmax(v, i);
-    if (lane == j) { chosen_p = v; chosen_i = i; }
-    if (lane == (i & 31)) p[i] = -1.0f;
-    __syncwarp();
-    chosen_sum += v;
-  }
-  if (lane < k) {
-    out.ids[lane] = chosen_i;
-    out.weights[lane] = chosen_p / (norm_topk ? chosen_sum : z);
-  }
-  if (lane == 0) *out.shared_gate = sigmoidf_(__ldcg(logits + E));
-}
 
 template <int BITS, int U>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -77,7 +40,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (warp == 0) route(out.logits, E, k, norm_topk != 0, out, reinterpret_cast<float*>(smem));
+  if (warp == 0)
+    route_topk(out.logits, E, k, norm_topk != 0, reinterpret_cast<float*>(smem), out.ids, out.weights, out.shared_gate);
   if (threadIdx.x == 0) *out.counter = 0;
 }
 

@@ -15,6 +15,7 @@
 
 #include "device_common.cuh"
 #include "moe_route_prefill.h"
+#include "moe_topk.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -23,18 +24,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTokensPerBlock = 4 * kWarps;
 static_assert(kMoeMaxExperts <= 2 * kThreads, "the scan gives each thread two experts");
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {  // ties: the lower id
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
 
 // Routes token t (one warp). EPL: experts per lane, E <= 32 * EPL.
 template <int EPL>

@@ -1,0 +1,56 @@
+// Expert choice of one token by one warp, shared by the decode router (moe_router.cu),
+// the one-launch MoE block (moe_fused.cu) and, for the argmax, the prefill routing.
+#pragma once
+#include <cfloat>
+
+#include "device_common.cuh"
+
+namespace lily::cuda {
+
+// The warp's largest v with its id i; equal values: the lower id (the CPU reference's rule).
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Softmax over logits[0..E) and top-k (shuffles only; k <= 32): ids[j], w[j] for j < k
+// (w renormalised over the k when norm_topk, else softmax probabilities), and
+// *shared_gate = sigmoid(logits[E]). p: E floats of scratch holding exp(l - max); taken
+// experts are marked -1. Logits were written by other blocks: read through L2.
+__device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, float* p, int* ids, float* w,
+                                  float* shared_gate) {
+  const int lane = threadIdx.x & 31;
+  float m = -FLT_MAX;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(logits + e));
+  m = warp_max(m);
+  float z = 0.0f;
+  for (int e = lane; e < E; e += 32) z += p[e] = __expf(__ldcg(logits + e) - m);
+  z = warp_sum(z);
+  float chosen_sum = 0.0f, chosen_p = 0.0f;
+  int chosen_i = 0;
+  for (int j = 0; j < k; ++j) {
+    float v = -FLT_MAX;
+    int i = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (p[e] > v) { v = p[e]; i = e; }  // ascending e: ties keep the lower id
+    warp_argmax(v, i);
+    if (lane == j) { chosen_p = v; chosen_i = i; }
+    if (lane == (i & 31)) p[i] = -1.0f;
+    __syncwarp();
+    chosen_sum += v;
+  }
+  if (lane < k) {
+    ids[lane] = chosen_i;
+    w[lane] = chosen_p / (norm_topk ? chosen_sum : z);
+  }
+  if (lane == 0) *shared_gate = sigmoidf_(__ldcg(logits + E));
+}
+
+}  // namespace lily::cuda
