@@ -51,9 +51,7 @@ template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  uint4* xf = smem_u4;
-  float* xsum = reinterpret_cast<float*>(xf + W.cols / 4);
-  float* raw = xsum + (G + 3) / 4 * 4;
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
   __shared__ float red[2][kWarps][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   int rb = blockIdx.x;

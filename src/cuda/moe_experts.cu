@@ -8,6 +8,18 @@
 namespace lily::cuda {
 namespace {
 
+// The router's choice for the block: expert ids and weights of the k slots, and the
+// shared expert's gate in s_w[k].
+__device__ __forceinline__ void stage_routing(const int* ids, const float* weights, const float* shared_gate, int k,
+                                              int* s_ids, float* s_w) {
+  if (threadIdx.x < k) {
+    s_ids[threadIdx.x] = ids[threadIdx.x];
+    s_w[threadIdx.x] = weights[threadIdx.x];
+  }
+  if (threadIdx.x == 0) s_w[k] = *shared_gate;
+  __syncthreads();
+}
+
 constexpr int kWarps = 8;
 
 // One warp per (slot, row r): reads gate row r and up row r of the slot's expert. The
@@ -67,12 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   pdl_wait();
   if (halt && *halt) return;
-  if (threadIdx.x < k) {
-    s_ids[threadIdx.x] = ids[threadIdx.x];
-    s_w[threadIdx.x] = weights[threadIdx.x];
-  }
-  if (threadIdx.x == 0) s_w[k] = *shared_gate;
-  __syncthreads();
+  stage_routing(ids, weights, shared_gate, k, s_ids, s_w);
 
   auto load = [&](int j, uint4 (&cw)[U], uint32_t (&sb)[U], float (&wgt)[U]) {
 #pragma unroll
@@ -123,9 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int H = m.gate_up.cols, G = H / 64;
-  uint4* xf = smem_u4;
-  float* xsum = reinterpret_cast<float*>(xf + H / 4);
-  float* raw = xsum + (G + 3) / 4 * 4;
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   __shared__ float red[2][kWarps][16];
   __shared__ int s_ids[16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
@@ -181,12 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   pdl_wait();
   if (halt && *halt) return;
-  if (threadIdx.x < k) {
-    s_ids[threadIdx.x] = ids[threadIdx.x];
-    s_w[threadIdx.x] = weights[threadIdx.x];
-  }
-  if (threadIdx.x == 0) s_w[k] = *shared_gate;
-  __syncthreads();
+  stage_routing(ids, weights, shared_gate, k, s_ids, s_w);
 
   uint4 c[U];
   uint32_t s0[U], s1[U];

@@ -62,6 +62,17 @@ __host__ __device__ constexpr size_t stage_mma_bytes(int cols) {
   return static_cast<size_t>(cols) * 8 + static_cast<size_t>((cols / 64 + 3) / 4 * 4) * 4 + 96 * 4;
 }
 
+// The regions of stage_x_mma carved from dynamic shared memory (stage_mma_bytes(cols)).
+struct MmaStage {
+  uint4* xf;    // [cols / 4] x fragments
+  float* xsum;  // [cols / 64, padded to 4] group sums
+  float* raw;   // [cols] raw x, then scratch
+};
+__device__ __forceinline__ MmaStage mma_stage(uint4* smem, int cols) {
+  float* xsum = reinterpret_cast<float*>(smem + cols / 4);
+  return {smem, xsum, xsum + (cols / 64 + 3) / 4 * 4};
+}
+
 // Builds x (XSpec) into the fragment layout and the per-group sums of hi + lo.
 __device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* xsum, float* raw, float* scratch) {
   uint32_t* xw = reinterpret_cast<uint32_t*>(xf);
