@@ -19,6 +19,25 @@ __device__ __forceinline__ float select_key(float l, int r, HeadSelect sel, cons
   return p / c.temperature - __logf(-__logf(uniform01(c.seed, c.n_generated, r)));
 }
 
+// A block's running token choice: the sampling rules (read once), the rows that may be
+// chosen (below vocab_limit), and the best key so far.
+struct BlockChoice {
+  bool on;
+  DecodeCtl c;
+  int limit;
+  float best = -FLT_MAX;
+  int best_i = 0x7fffffff;
+
+  __device__ __forceinline__ explicit BlockChoice(const HeadArgs& a) : on(a.select != HeadSelect::None) {
+    if (on) c = *a.ctl;
+    limit = on && c.vocab_limit > 0 ? min(c.vocab_limit, a.W.rows) : a.W.rows;
+  }
+  __device__ __forceinline__ void offer(const HeadArgs& a, float logit, int r) {
+    const float k = select_key(logit, r, a.select, c, limit, a.sink);
+    if (better(k, r, best, best_i)) { best = k; best_i = r; }
+  }
+};
+
 // Block winner -> partial[block]; the last block to finish reduces them and emits.
 __device__ void finish_selection(const HeadArgs& a, float best, int best_i) {
   __shared__ float red_v[32];
@@ -60,12 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   if (a.compute) walk.prefetch(W_of, rows_of, lane);
   pdl_wait();
   if (halt && *halt) return;
-  const bool choose = a.select != HeadSelect::None;
-  DecodeCtl c;
-  if (choose) c = *a.ctl;
-  const int limit = choose && c.vocab_limit > 0 ? min(c.vocab_limit, W.rows) : W.rows;
-  float best = -FLT_MAX;
-  int best_i = 0x7fffffff;
+  BlockChoice ch(a);
 
   if (a.compute) {
     float4* xs = smem;
@@ -79,20 +93,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
       const int r = g * R + lane;
       if (lane < R && r < W.rows) {
         a.logits[r] = mine;
-        if (choose) {
-          const float k = select_key(mine, r, a.select, c, limit, a.sink);
-          if (better(k, r, best, best_i)) { best = k; best_i = r; }
-        }
+        if (ch.on) ch.offer(a, mine, r);
       }
     });
-  } else if (choose) {
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < limit; r += gridDim.x * blockDim.x) {
-      const float k = select_key(a.logits[r], r, a.select, c, limit, a.sink);
-      if (better(k, r, best, best_i)) { best = k; best_i = r; }
-    }
+  } else if (ch.on) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < ch.limit; r += gridDim.x * blockDim.x) ch.offer(a, a.logits[r], r);
   }
   pdl_trigger();
-  if (choose) finish_selection(a, best, best_i);
+  if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 
 // Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups.
@@ -109,12 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
   pdl_wait();
   if (halt && *halt) return;
-  const bool choose = a.select != HeadSelect::None;
-  DecodeCtl c;
-  if (choose) c = *a.ctl;
-  const int limit = choose && c.vocab_limit > 0 ? min(c.vocab_limit, W.rows) : W.rows;
-  float best = -FLT_MAX;
-  int best_i = 0x7fffffff;
+  BlockChoice ch(a);
   stage_x_mma(a.X, W.cols, xf, xsum, raw, raw + W.cols);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
@@ -125,14 +128,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
     const int r = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && r < W.rows) {
       a.logits[r] = y;
-      if (choose) {
-        const float k = select_key(y, r, a.select, c, limit, a.sink);
-        if (better(k, r, best, best_i)) { best = k; best_i = r; }
-      }
+      if (ch.on) ch.offer(a, y, r);
     }
   }
   pdl_trigger();
-  if (choose) finish_selection(a, best, best_i);
+  if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 
 template <int BITS>
