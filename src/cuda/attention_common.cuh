@@ -58,6 +58,17 @@ __device__ __forceinline__ void store_bf16(uint16_t* p, const float (&x)[DPL]) {
   }
 }
 
+// Split-K routing of one decode step over a context of L keys: splits of `chunk` keys
+// (at least min_chunk, at most max_splits splits); split s covers [start, end).
+struct SplitRange {
+  int chunk, n_splits, start, end;
+};
+__device__ __forceinline__ SplitRange split_range(const AttnArgs& a, int L, int split) {
+  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
+  const int start = split * chunk;
+  return {chunk, (L + chunk - 1) / chunk, start, min(L, start + chunk)};
+}
+
 // Merge of the decode splits (partial layout of AttnArgs), one block of kAttnMergeWarps
 // warps per query head: weight of split s is exp(M_s - M), the output
 // sum_s w_s acc_s / sum_s w_s l_s, times the gate. Reads only the live splits of this
@@ -71,8 +82,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   pdl_wait();
   if (halt && *halt) return;
   const int L = *a.pos + 1;
-  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
-  const int n_splits = (L + chunk - 1) / chunk;
+  const int n_splits = split_range(a, L, 0).n_splits;
   if (n_splits == 1) return;  // the attention kernel wrote the output
   const size_t stride = static_cast<size_t>(G) * (D + 2);
   const float* parts = a.partial + static_cast<size_t>(g) * a.max_splits * stride + h * (D + 2);

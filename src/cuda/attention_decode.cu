@@ -64,10 +64,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a, cons
   pdl_wait();
   if (halt && *halt) return;
   const int pos = *a.pos, L = pos + 1;
-  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
-  const int n_splits = (L + chunk - 1) / chunk;
+  const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
-  const int start = split * chunk, end = min(L, start + chunk);
   const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;
 
   for (int i = threadIdx.x; i < kWarps * D; i += blockDim.x) (&acc_s[0][0])[i] = 0.0f;

@@ -56,10 +56,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   pdl_wait();
   if (halt && *halt) return;
   const int pos = *a.pos, L = pos + 1;
-  const int chunk = max(a.min_chunk, (L + a.max_splits - 1) / a.max_splits);
-  const int n_splits = (L + chunk - 1) / chunk;
+  const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
-  const int start = split * chunk, end = min(L, start + chunk);
   const int n_tiles = (end - start + kKeys - 1) / kKeys;
   const bool appends = split == n_splits - 1;  // this block's last key is the new one
 
