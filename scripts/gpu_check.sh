@@ -8,6 +8,8 @@
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
+#   gdnrule      prefill at 256..4K with the sequential scan and with the chunked GDN
+#                (the measured rule that picks one by length)
 #   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
 #                with it switched on, prefill/decode at 4K; the fastest correct ones are
 #                then switched on for the bench step (scripts/pick_variants.py)
@@ -79,6 +81,14 @@ if [ "$pip_rc" = 0 ]; then
       timeout 120 env $switch python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 >> "$OUT/ablations.log" 2>&1
     done
   fi
+  if want gdnrule; then
+    : > "$OUT/gdnrule.log"
+    for gdn in scan chunked; do
+      echo "== LILY_PREFILL_GDN=$gdn" >> "$OUT/gdnrule.log"
+      timeout 150 env LILY_PREFILL_GDN=$gdn python3 benchmarks/ops/cuda_decode.py --contexts 64,128,256,512,1024,2048,4096 \
+        --steps 4 2>&1 | grep '^{' >> "$OUT/gdnrule.log"
+    done
+  fi
   PICKED=""
   if want variants; then
     ok=""
@@ -125,6 +135,7 @@ for k in "${!RC[@]}"; do echo "$k: rc=${RC[$k]}"; done | sort
 grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
+grep -E '^(==|\{)' "$OUT/gdnrule.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
 want variants && want bench && echo "bench ran with: ${PICKED:-the defaults}"
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null
