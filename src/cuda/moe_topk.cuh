@@ -20,7 +20,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-// Softmax over logits[0..E) and top-k (shuffles only; k <= 32): ids[j], w[j] for j < k
+// Softmax over logits[0..E) and top-k (warp reductions only; k <= 32): ids[j], w[j] for j < k
 // (w renormalised over the k when norm_topk, else softmax probabilities), and
 // *shared_gate = sigmoid(logits[E]). p: E floats of scratch holding exp(l - max); taken
 // experts are marked -1. Logits were written by other blocks: read through L2.
@@ -35,12 +35,19 @@ __device__ inline void route_topk(const float* logits, int E, int k, bool norm_t
   z = warp_sum(z);
   float chosen_sum = 0.0f, chosen_p = 0.0f;
   int chosen_i = 0;
+  // Each round: the lane's best (key, id), then two warp reductions (redux.sync). A key
+  // is p's bits + 1 (p >= 0, so keys order as p does); taken experts (-1) get key 0.
   for (int j = 0; j < k; ++j) {
-    float v = -FLT_MAX;
-    int i = 0x7fffffff;
-    for (int e = lane; e < E; e += 32)
-      if (p[e] > v) { v = p[e]; i = e; }  // ascending e: ties keep the lower id
-    warp_argmax(v, i);
+    unsigned key = 0, id = 0xffffffffu;
+    for (int e = lane; e < E; e += 32) {
+      const float v = p[e];
+      const unsigned ke = v >= 0.0f ? __float_as_uint(v) + 1u : 0u;
+      if (ke > key) { key = ke; id = e; }  // ascending e: ties keep the lower id
+    }
+    const unsigned best = __reduce_max_sync(0xffffffffu, key);
+    const unsigned first = __reduce_min_sync(0xffffffffu, key == best ? id : 0xffffffffu);
+    const int i = best ? static_cast<int>(first) : 0;  // best == 0: only NaN left (memory-safe garbage)
+    const float v = best ? __uint_as_float(best - 1u) : 0.0f;
     if (lane == j) { chosen_p = v; chosen_i = i; }
     if (lane == (i & 31)) p[i] = -1.0f;
     __syncwarp();
