@@ -23,6 +23,18 @@ void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
   done.insert({dev, kernel, bytes});
 }
 
+void apply_carveout(const void* kernel, const char* op) {
+  static const int carveout = env_int("LILY_CUDA_CARVEOUT", -1, -1, 100);
+  if (carveout < 0) return;
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({dev, kernel}).second) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout), op);
+}
+
 int sm_count() {
   static thread_local int cached_device = -1, cached = 0;
   int dev = 0;

@@ -9,7 +9,7 @@ namespace lily::cuda {
 namespace {
 
 constexpr size_t kPiece = 64 * 1024;  // bytes per prefetch instruction
-constexpr int kBlocks = 8, kThreads = 64;
+constexpr int kThreads = 64;
 
 // [p, p + bytes) shrunk to 16-byte boundaries (the instruction's rule; edges are skipped).
 __device__ __forceinline__ void prefetch_pieces(const void* p, size_t bytes, int& piece, int tid, int n_threads) {
@@ -85,7 +85,8 @@ void L2Prefetch::add_cache(const void* p, size_t bytes_per_pos, const int* pos_,
 
 void l2_prefetch(const L2Prefetch& list, cudaStream_t stream) {
   if (list.empty()) return;
-  l2_prefetch_kernel<<<kBlocks, kThreads, 0, stream>>>(list);
+  static const int blocks = env_int("LILY_CUDA_L2_PREFETCH_BLOCKS", 8, 1, 1024);
+  l2_prefetch_kernel<<<blocks, kThreads, 0, stream>>>(list);
   check(cudaGetLastError(), "l2_prefetch");
 }
 
