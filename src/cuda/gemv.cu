@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "env.h"
 #include "gemv_core.cuh"
 #include "qmma.cuh"
 
@@ -78,7 +79,44 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
 }
 
 template <int GPW>
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_regs_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
+  __shared__ float red[2][kWarps][16];
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  int rb = blockIdx.x;
+  MmaTiles<GPW> next;
+  if (rb < n_rb) next.load(W, rb, g0, G, lane);
+  prefetch_norm_weights(X, W.cols);
+  pdl_wait();
+  if (halt && *halt) return;
+  stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
+    float y0 = 0.0f, y1 = 0.0f;
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    const float y = reduce_rows16(red[it & 1], y0, y1);
+    const int row = rb * 16 + threadIdx.x;
+    if (threadIdx.x < 16 && row < W.rows) {
+      if (Y.mode == YMode::Add) Y.y[row] += y;
+      else Y.y[row] = y;
+    }
+  }
+  pdl_trigger();
+}
+
+template <int GPW>
 void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  static const bool ring_on = env_flag("LILY_CUDA_RING", true);
+  if (!ring_on) {
+    auto k2 = gemv_mma_regs_kernel<GPW>;
+    allow_dynamic_smem(reinterpret_cast<const void*>(k2), stage_mma_bytes(W.cols), "gemv: set smem");
+    const int grid = std::min((W.rows + 15) / 16, 2 * sm_count());
+    launch("gemv (tensor cores)", k2, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
+    return;
+  }
   auto kernel = gemv_mma_kernel<GPW>;
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
   const int grid = std::min(n_rb, 2 * sm_count());  // two blocks per multiprocessor (launch bounds, smem budget)
