@@ -56,48 +56,6 @@ Choice choice_for(const SamplingParams& p) {
   return Choice::TopK;
 }
 
-namespace {
-
-constexpr size_t kCachePrefetchCap = 8 << 20;  // bytes of each of K and V asked of L2 ahead of attention
-
-// What layer i's mixer reads first: its in-projection and its recurrent state or KV cache.
-L2Prefetch mixer_inputs(const ModelConfig& c, const DeviceWeights& W, const SessionState& s, int parity, size_t i) {
-  L2Prefetch p;
-  const DeviceLayer& L = W.layers[i];
-  int lin = 0, full = 0;
-  for (size_t j = 0; j < i; ++j) (W.layers[j].kind == LayerKind::Linear ? lin : full) += 1;
-  if (L.kind == LayerKind::Linear) {
-    p.add(L.gdn_in);
-    p.add(s.state[parity][lin], sizeof(float) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim);
-  } else {
-    p.add(L.attn_in);
-    const size_t per_pos = sizeof(uint16_t) * c.num_key_value_heads * c.head_dim;
-    p.add_cache(s.k_cache[full], per_pos, s.pos, kCachePrefetchCap);
-    p.add_cache(s.v_cache[full], per_pos, s.pos, kCachePrefetchCap);
-  }
-  return p;
-}
-
-// What layer i reads after its mixer's first kernel: the out-projection, router and shared expert.
-L2Prefetch after_mixer(const DeviceLayer& L) {
-  L2Prefetch p;
-  p.add(L.kind == LayerKind::Linear ? L.gdn_out : L.attn_out);
-  p.add(L.router);
-  p.add(L.experts.shared_gate_up);
-  p.add(L.experts.shared_down);
-  return p;
-}
-
-// The routed experts' weights, once the router has written their ids.
-L2Prefetch routed_experts(const MoeExperts& m, const int* ids, int k) {
-  L2Prefetch p;
-  p.add_experts(m.gate_up, 2 * m.inter, ids, k);
-  p.add_experts(m.down, m.shared_down.rows, ids, k);
-  return p;
-}
-
-}  // namespace
-
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
                   cudaStream_t stream) {
   const int* halt = &ws.ctl->halt;
@@ -105,7 +63,6 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   int full = 0, lin = 0;
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const DeviceLayer& L = W.layers[i];
-    const bool last = i + 1 == W.layers.size();
     XSpec xin;
     if (i == 0) {
       xin.mode = XMode::EmbedRmsNorm;
@@ -120,7 +77,6 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xin.eps = eps;
     if (L.kind == LayerKind::Linear) {
       gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
-      ws.prefetch.fork(stream, after_mixer(L));
       GdnArgs g;
       g.proj = ws.proj;
       g.conv_w = L.conv_w;
@@ -147,7 +103,6 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       ++lin;
     } else {
       gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream);
-      ws.prefetch.fork(stream, after_mixer(L));
       AttnArgs a;
       a.qkv = ws.proj;
       a.q_norm = L.q_norm;
@@ -180,21 +135,18 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xm.w = L.post_norm;
     xm.eps = eps;
     const int k = c.num_experts_per_tok;
+    const bool last = i + 1 == W.layers.size();
     if (ws.moe_fused) {
-      if (!last) ws.prefetch.fork(stream, mixer_inputs(c, W, s, parity, i + 1));
       moe_fused(L.router, L.experts, xm, k, c.norm_topk_prob,
                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.act, ws.moe_sync}, ws.h,
                 last ? s.pos : nullptr, halt, stream);
     } else {
       moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
                  {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
-      ws.prefetch.fork(stream, routed_experts(L.experts, ws.ids, k));
       moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
-      if (!last) ws.prefetch.fork(stream, mixer_inputs(c, W, s, parity, i + 1));
       moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
     }
   }
-  ws.prefetch.join(stream);
 }
 
 void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,

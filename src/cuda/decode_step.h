@@ -9,7 +9,6 @@
 #include "cuda_weights.h"
 #include "decode_ctl.h"
 #include "device_buffer.h"
-#include "l2_prefetch.h"
 #include "sampling.h"
 
 namespace lily::cuda {
@@ -40,7 +39,6 @@ class Workspace {
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
   int max_splits = 64, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
-  PrefetchBranch prefetch;              // L2 prefetch of later kernels' weights (l2_prefetch.h)
 
  private:
   std::vector<DeviceBuffer> owned_;

@@ -23,16 +23,9 @@ void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
   done.insert({dev, kernel, bytes});
 }
 
-void apply_carveout(const void* kernel, const char* op) {
-  static const int carveout = env_int("LILY_CUDA_CARVEOUT", -1, -1, 100);
-  if (carveout < 0) return;
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({dev, kernel}).second) return;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout), op);
+int tile_ahead() {
+  static const int n = env_int("LILY_CUDA_TILE_AHEAD", 2, 1, 2);
+  return n;
 }
 
 int sm_count() {

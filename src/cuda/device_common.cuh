@@ -63,11 +63,6 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)
 // Whether kernels are launched with programmatic stream serialization (env LILY_CUDA_PDL=0 turns it off).
 bool pdl_enabled();
 
-// One shared-memory / L1 split for every kernel (env LILY_CUDA_CARVEOUT, percent of the
-// maximum shared memory; unset: the driver picks per kernel). Kernels that need different
-// splits cannot overlap on a multiprocessor: it drains to switch.
-void apply_carveout(const void* kernel, const char* op);
-
 // Launches `kernel` on `stream` (with PDL when enabled) and checks the launch, naming `op`.
 template <typename... KArgs, typename... Args>
 void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -82,9 +77,12 @@ void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  apply_carveout(reinterpret_cast<const void*>(kernel), op);
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op);
 }
+
+// Row blocks whose weight tiles a tensor-core GEMV warp keeps in flight ahead of the one
+// it computes (env LILY_CUDA_TILE_AHEAD, 1 or 2).
+int tile_ahead();
 
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "env.h"
 #include "gemv_core.cuh"
 #include "qmma.cuh"
 
@@ -45,32 +44,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
   pdl_trigger();
 }
 
-// Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn through a
-// shared-memory ring (TileRing, all of a block's row blocks requested before the wait on
-// the previous kernel when they fit); its warps split the groups and meet in shared memory.
-template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, int slots, const int* halt) {
+// Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its warps
+// split the groups (GPW each) and meet in shared memory; the next AHEAD row blocks' tiles
+// are in flight while one is computed, the first before the wait on the previous kernel.
+template <int GPW, int AHEAD>
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
-  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  const TileRing ring{smem_u4, G, slots};
-  const auto [xf, xsum, raw] = mma_stage(smem_u4 + slots * G * 36, W.cols);
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
   __shared__ float red[2][kWarps][16];
-  auto tile_of = [&](int task, int& rb) -> const QMat& {
-    rb = task;
-    return W;
-  };
-  ring.start(tile_of, n_rb);
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW, G = W.cols / 64;
+  TileWalk<GPW, AHEAD> walk(W, blockIdx.x, gridDim.x, g0, lane);
+  walk.start();
   prefetch_norm_weights(X, W.cols);
   pdl_wait();
-  if (halt && *halt) {
-    cp_async_wait<0>();
-    return;
-  }
+  if (halt && *halt) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
-  ring.run<GPW>(tile_of, n_rb, xf, xsum, red, [&](int rb, const float (*sums)[16]) {
+  walk.run([&](int rb, int it, const MmaTiles<GPW>& tiles) {
+    float y0 = 0.0f, y1 = 0.0f;
+    tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    const float y = reduce_rows16(red[it & 1], y0, y1);
     const int row = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && row < W.rows) {
-      const float y = row_total(sums, threadIdx.x);
       if (Y.mode == YMode::Add) Y.y[row] += y;
       else Y.y[row] = y;
     }
@@ -78,52 +72,25 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   pdl_trigger();
 }
 
-template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_regs_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
-  extern __shared__ uint4 smem_u4[];
-  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
-  __shared__ float red[2][kWarps][16];
-  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
-  int rb = blockIdx.x;
-  MmaTiles<GPW> next;
-  if (rb < n_rb) next.load(W, rb, g0, G, lane);
-  prefetch_norm_weights(X, W.cols);
-  pdl_wait();
-  if (halt && *halt) return;
-  stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
-  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
-    const MmaTiles<GPW> cur = next;
-    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
-    float y0 = 0.0f, y1 = 0.0f;
-    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
-    const float y = reduce_rows16(red[it & 1], y0, y1);
-    const int row = rb * 16 + threadIdx.x;
-    if (threadIdx.x < 16 && row < W.rows) {
-      if (Y.mode == YMode::Add) Y.y[row] += y;
-      else Y.y[row] = y;
-    }
-  }
-  pdl_trigger();
+template <int GPW, int AHEAD>
+void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  auto kernel = gemv_mma_kernel<GPW, AHEAD>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
+  static const int blocks_per_sm = [&] {
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
+    return std::max(n, 1);
+  }();
+  const int grid = std::min((W.rows + 15) / 16, blocks_per_sm * sm_count());
+  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
 }
 
 template <int GPW>
-void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
-  static const bool ring_on = env_flag("LILY_CUDA_RING", true);
-  if (!ring_on) {
-    auto k2 = gemv_mma_regs_kernel<GPW>;
-    allow_dynamic_smem(reinterpret_cast<const void*>(k2), stage_mma_bytes(W.cols), "gemv: set smem");
-    const int grid = std::min((W.rows + 15) / 16, 2 * sm_count());
-    launch("gemv (tensor cores)", k2, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
-    return;
+void pick_ahead(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+  if constexpr (GPW <= 4) {  // two tile sets of 8 groups per warp would spill
+    if (tile_ahead() == 2) return launch_gemv_mma<GPW, 2>(W, X, Y, halt, stream);
   }
-  auto kernel = gemv_mma_kernel<GPW>;
-  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  const int grid = std::min(n_rb, 2 * sm_count());  // two blocks per multiprocessor (launch bounds, smem budget)
-  const int slots = TileRing::slots(n_rb, grid, G, TileRing::kBlockBudget - stage_mma_bytes(W.cols));
-  const size_t smem = slots * TileRing::slot_bytes(G) + stage_mma_bytes(W.cols);
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "gemv: set smem");
-  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, Y, slots, halt);
+  launch_gemv_mma<GPW, 1>(W, X, Y, halt, stream);
 }
 
 template <int BITS, int R, int U>
@@ -168,12 +135,11 @@ void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaSt
   if (X.mode == XMode::HeadNormGate && (X.head_dim % 4 != 0 || W.cols / X.head_dim > 64))
     fail("gemv: head norm needs head_dim % 4 == 0 and at most 64 heads");
   if (W.tiled) {
-    if (!TileRing::aligned(W)) fail("gemv: tiled scales must be 16-byte aligned");
     const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);
-    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream);
-    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream);
-    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream);
+    if (gpw <= 1) pick_ahead<1>(W, X, Y, halt, stream);
+    else if (gpw <= 2) pick_ahead<2>(W, X, Y, halt, stream);
+    else if (gpw <= 4) pick_ahead<4>(W, X, Y, halt, stream);
+    else if (gpw <= 8) pick_ahead<8>(W, X, Y, halt, stream);
     else fail("gemv: tiled weights with more than 4096 columns are not supported");
   } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
   else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);

@@ -124,17 +124,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
-// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up, staged through a
-// shared-memory ring (TileRing) once the expert ids are known; warps split the groups.
+// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
 template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, int slots, const int* halt) {
+    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int H = m.gate_up.cols, G = H / 64;
-  const TileRing ring{smem_u4, G, slots};
-  const auto [xf, xsum, raw] = mma_stage(smem_u4 + slots * G * 36, H);
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   __shared__ float red[2][kWarps][16];
   __shared__ int s_ids[16];
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
   prefetch_norm_weights(X, H);
   pdl_wait();
@@ -149,15 +148,24 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     rb = task - routed;
     return m.shared_gate_up;
   };
-  ring.start(tile_of, n_tasks);
+  int task = blockIdx.x, rb = 0;
+  MmaTiles<GPW> next;
+  if (task < n_tasks) next.load(tile_of(task, rb), rb, g0, G, lane);
   stage_x_mma(X, H, xf, xsum, raw, raw + H);
-  ring.run<GPW>(tile_of, n_tasks, xf, xsum, red, [&](int task, const float (*sums)[16]) {
+  for (int it = 0; task < n_tasks; task += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    const int nt = task + gridDim.x;
+    if (nt < n_tasks) next.load(tile_of(nt, rb), rb, g0, G, lane);
+    float y0 = 0.0f, y1 = 0.0f;
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    put_rows16(red[it & 1], y0, y1);
+    __syncthreads();
     if (threadIdx.x < 8) {
-      const float g = row_total(sums, threadIdx.x), u = row_total(sums, threadIdx.x + 8);
+      const float g = row_total(red[it & 1], threadIdx.x), u = row_total(red[it & 1], threadIdx.x + 8);
       const int out = task < routed ? (task / rbe) * I + 8 * (task % rbe) : k * I + 8 * (task - routed);
       act[out + threadIdx.x] = siluf_(g) * u;
     }
-  });
+  }
   pdl_trigger();
 }
 
@@ -271,21 +279,16 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
                  cudaStream_t stream) {
   check_shapes(m, top_k);
   if (tiled(m)) {
-    if (!TileRing::aligned(m.gate_up) || !TileRing::aligned(m.shared_gate_up))
-      fail("moe_gate_up: tiled scales must be 16-byte aligned");
-    const int H = m.gate_up.cols, G = H / 64, gpw = (G + kWarps - 1) / kWarps;
+    const int H = m.gate_up.cols, gpw = (H / 64 + kWarps - 1) / kWarps;
     const int tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
     const int grid = std::min(tasks, 2 * sm_count());
-    const int slots = TileRing::slots(tasks, grid, G, TileRing::kBlockBudget - stage_mma_bytes(H));
-    const size_t smem = slots * TileRing::slot_bytes(G) + stage_mma_bytes(H);
-#define LILY_GU(N)                                                                                                 \
-  allow_dynamic_smem(reinterpret_cast<const void*>(gate_up_mma_kernel<N>), smem, "moe_gate_up: set smem");         \
-  launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, \
-         top_k, act, slots, halt)
-    if (gpw <= 1) { LILY_GU(1); }
-    else if (gpw <= 2) { LILY_GU(2); }
-    else if (gpw <= 4) { LILY_GU(4); }
-    else if (gpw <= 8) { LILY_GU(8); }
+#define LILY_GU(N)                                                                                                   \
+  launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H), stream, \
+         m, X, ids, top_k, act, halt)
+    if (gpw <= 1) LILY_GU(1);
+    else if (gpw <= 2) LILY_GU(2);
+    else if (gpw <= 4) LILY_GU(4);
+    else if (gpw <= 8) LILY_GU(8);
     else fail("moe_gate_up: hidden size above 4096 is not supported with tiled weights");
 #undef LILY_GU
     return;

@@ -13,7 +13,6 @@
 #pragma once
 #include <cstdint>
 
-#include "async_copy.cuh"
 #include "gemv_core.cuh"
 
 namespace lily::cuda {
@@ -121,19 +120,6 @@ struct MmaTiles {
     }
   }
 
-  // The same tiles from a row block staged in shared memory (TileRing).
-  __device__ __forceinline__ void load_shared(const uint4* codes, const uint32_t* sb, int g0, int G, int lane) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int g = g0 + i;
-      if (g < G) {
-        c[i] = codes[g * 32 + lane];
-        s0[i] = sb[g * 16 + (lane >> 2)];
-        s1[i] = sb[g * 16 + (lane >> 2) + 8];
-      }
-    }
-  }
-
   // y0 += W[gid] . x, y1 += W[gid+8] . x over these groups (x of groups xg0 + i).
   __device__ __forceinline__ void accumulate(int g0, int G, int xg0, const uint4* xf, const float* xsum, int lane,
                                              float& y0, float& y1, float weight = 1.0f) const {
@@ -144,6 +130,42 @@ struct MmaTiles {
         const float xs = xsum[xg0 + i];
         y0 = fmaf(weight, group_term(s0[i], v.x, xs), y0);
         y1 = fmaf(weight, group_term(s1[i], v.y, xs), y1);
+      }
+    }
+  }
+};
+
+// A warp's walk over row blocks rb0, rb0 + stride, ... with the tiles of the next D held
+// in registers: D = 2 keeps two row blocks' loads in flight while one is computed. The
+// slots are used in turn (no register shuffling, which would wait on loads in flight):
+//   TileWalk<GPW, D> walk(W, rb0, stride, g0, lane);  walk.start();  (before the PDL wait)
+//   walk.run([&](int rb, int it, const MmaTiles<GPW>& tiles) { ... });
+template <int GPW, int D>
+struct TileWalk {
+  const QMat& W;
+  int rb0, stride, n_rb, G, g0, lane;
+  MmaTiles<GPW> slot[D];
+
+  __device__ TileWalk(const QMat& W_, int rb0_, int stride_, int g0_, int lane_)
+      : W(W_), rb0(rb0_), stride(stride_), n_rb((W_.rows + 15) / 16), G(W_.cols / 64), g0(g0_), lane(lane_) {}
+
+  __device__ __forceinline__ void start() {
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+      if (rb0 + d * stride < n_rb) slot[d].load(W, rb0 + d * stride, g0, G, lane);
+  }
+
+  // body(rb, it, tiles) for each row block in turn (it counts from 0).
+  template <typename Body>
+  __device__ __forceinline__ void run(Body body) {
+    for (int base = rb0, it = 0; base < n_rb; base += D * stride) {
+#pragma unroll
+      for (int d = 0; d < D; ++d, ++it) {
+        const int rb = base + d * stride;
+        if (rb >= n_rb) return;
+        const MmaTiles<GPW> cur = slot[d];
+        if (rb + D * stride < n_rb) slot[d].load(W, rb + D * stride, g0, G, lane);
+        body(rb, it, cur);
       }
     }
   }
@@ -172,87 +194,5 @@ __device__ __forceinline__ float reduce_rows16(float (*red)[16], float y0, float
   __syncthreads();
   return threadIdx.x < 16 ? row_total(red, threadIdx.x) : 0.0f;
 }
-
-// Waits until at most n (< 4) committed cp.async groups are still in flight.
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    default: cp_async_wait<3>(); break;
-  }
-}
-
-// A block's 16-row blocks ("tasks" t = blockIdx.x, + gridDim.x, ...) staged through a
-// ring of S shared-memory slots by cp.async: the first S are requested at once
-// (start(), before the PDL wait when the task's matrix needs no device data), each later
-// one as soon as its slot is free, so S row blocks are in flight instead of one.
-// A slot is G*36 uint4: the row block's G tiles of 512 bytes, then its G*16 scale|bias
-// words (both contiguous in the tiled layout; QMat::sb must be 16-byte aligned).
-// tile_of(t, rb) returns the matrix of task t and sets its row block rb.
-struct TileRing {
-  uint4* base;
-  int G, S;
-
-  static constexpr size_t kBlockBudget = 110 * 1024;  // shared memory per block: two blocks per multiprocessor
-
-  __host__ __device__ static constexpr size_t slot_bytes(int G) { return static_cast<size_t>(G) * 36 * 16; }
-
-  // The tiled layout's alignment the 16-byte copies need (codes are uint4 already).
-  static bool aligned(const QMat& W) { return reinterpret_cast<uintptr_t>(W.sb) % 16 == 0; }
-
-  // Slots for n_tasks over `grid` blocks: one per task of a block, at most 4 and at
-  // least 1, within `budget` bytes of shared memory.
-  static int slots(int n_tasks, int grid, int G, size_t budget) {
-    const int per_block = (n_tasks + grid - 1) / grid, fit = static_cast<int>(budget / slot_bytes(G));
-    const int s = per_block < 4 ? per_block : 4;
-    return s < fit ? (s > 1 ? s : 1) : (fit > 1 ? fit : 1);
-  }
-
-  template <typename TileOf>
-  __device__ __forceinline__ void request(TileOf tile_of, int task, int slot) const {
-    int rb = 0;
-    const QMat& W = tile_of(task, rb);
-    const uint4* codes = W.codes + static_cast<size_t>(rb) * G * 32;
-    const uint4* sb = reinterpret_cast<const uint4*>(W.sb + static_cast<size_t>(rb) * G * 16);
-    uint4* dst = base + slot * G * 36;
-    for (int i = threadIdx.x; i < G * 36; i += blockDim.x) cp_async16(smem_addr(dst + i), i < G * 32 ? codes + i : sb + (i - G * 32));
-  }
-
-  template <typename TileOf>
-  __device__ __forceinline__ void start(TileOf tile_of, int n_tasks) const {
-    for (int s = 0; s < S; ++s) {
-      const int task = blockIdx.x + s * gridDim.x;
-      if (task < n_tasks) request(tile_of, task, s);
-      cp_async_commit();
-    }
-  }
-
-  // For each task in turn: the warp's GPW groups from g0 into (y0, y1) (group_mma), the
-  // per-row sums over warps into red[it & 1] (put_rows16), a barrier, the slot refilled,
-  // then done(task, red[it & 1]) (row_total gives row r's sum).
-  template <int GPW, typename TileOf, typename Done>
-  __device__ __forceinline__ void run(TileOf tile_of, int n_tasks, const uint4* xf, const float* xsum, float (*red)[8][16],
-                                      Done done) const {
-    const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
-    for (int it = 0, task = blockIdx.x; task < n_tasks; task += gridDim.x, ++it) {
-      const int slot = it % S;
-      cp_async_wait_upto(S - 1);  // one group per task, completed in order
-      __syncthreads();
-      const uint4* codes = base + slot * G * 36;
-      MmaTiles<GPW> tiles;
-      tiles.load_shared(codes, reinterpret_cast<const uint32_t*>(codes + G * 32), g0, G, lane);
-      float y0 = 0.0f, y1 = 0.0f;
-      tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
-      put_rows16(red[it & 1], y0, y1);
-      __syncthreads();  // every warp is done with the slot
-      const int next = task + S * static_cast<int>(gridDim.x);
-      if (next < n_tasks) request(tile_of, next, slot);
-      cp_async_commit();
-      done(task, red[it & 1]);
-    }
-    cp_async_wait<0>();
-  }
-};
 
 }  // namespace lily::cuda

@@ -98,7 +98,7 @@ void check_distribution(const std::string& name, const std::vector<double>& want
   report(name + ": frequencies (max deviation in sigmas)", worst, 5.0);
 }
 
-// V above 16 x 4 x the grid makes each block's shared-memory ring wrap (tensor cores).
+// A large V gives each block many row blocks (tensor cores: the look-ahead walk's slots take turns).
 void test_greedy_head(bool tiled, int V = 1000) {
   Rng r(41);
   const int H = 256;
