@@ -23,11 +23,6 @@ void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
   done.insert({dev, kernel, bytes});
 }
 
-int tile_ahead() {
-  static const int n = env_int("LILY_CUDA_TILE_AHEAD", 2, 1, 2);
-  return n;
-}
-
 int sm_count() {
   static thread_local int cached_device = -1, cached = 0;
   int dev = 0;

@@ -80,10 +80,6 @@ void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op);
 }
 
-// Row blocks whose weight tiles a tensor-core GEMV warp keeps in flight ahead of the one
-// it computes (env LILY_CUDA_TILE_AHEAD, 1 or 2).
-int tile_ahead();
-
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();
 

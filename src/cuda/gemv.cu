@@ -45,52 +45,48 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
 }
 
 // Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its warps
-// split the groups (GPW each) and meet in shared memory; the next AHEAD row blocks' tiles
-// are in flight while one is computed, the first before the wait on the previous kernel.
-template <int GPW, int AHEAD>
+// split the groups (GPW each) and meet in shared memory; the next row block's tiles are
+// loaded while this one is computed, the first before the wait on the previous kernel.
+template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
+  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
   __shared__ float red[2][kWarps][16];
-  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW, G = W.cols / 64;
-  TileWalk<GPW, AHEAD> walk(W, blockIdx.x, gridDim.x, g0, lane);
-  walk.start();
-  prefetch_norm_weights(X, W.cols);
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  int rb = blockIdx.x;
+  MmaTiles<GPW> next;
+  if (rb < n_rb) next.load(W, rb, g0, G, lane);
   pdl_wait();
   if (halt && *halt) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
-  walk.run([&](int rb, int it, const MmaTiles<GPW>& tiles) {
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
-    tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
     const float y = reduce_rows16(red[it & 1], y0, y1);
     const int row = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && row < W.rows) {
       if (Y.mode == YMode::Add) Y.y[row] += y;
       else Y.y[row] = y;
     }
-  });
+  }
   pdl_trigger();
 }
 
-template <int GPW, int AHEAD>
+template <int GPW>
 void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
-  auto kernel = gemv_mma_kernel<GPW, AHEAD>;
+  auto kernel = gemv_mma_kernel<GPW>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
     return std::max(n, 1);
   }();
-  const int grid = std::min((W.rows + 15) / 16, blocks_per_sm * sm_count());
+  const int n_rb = (W.rows + 15) / 16;
+  const int grid = std::min(n_rb, blocks_per_sm * sm_count());
   launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
-}
-
-template <int GPW>
-void pick_ahead(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
-  if constexpr (GPW <= 4) {  // two tile sets of 8 groups per warp would spill
-    if (tile_ahead() == 2) return launch_gemv_mma<GPW, 2>(W, X, Y, halt, stream);
-  }
-  launch_gemv_mma<GPW, 1>(W, X, Y, halt, stream);
 }
 
 template <int BITS, int R, int U>
@@ -136,10 +132,10 @@ void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaSt
     fail("gemv: head norm needs head_dim % 4 == 0 and at most 64 heads");
   if (W.tiled) {
     const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) pick_ahead<1>(W, X, Y, halt, stream);
-    else if (gpw <= 2) pick_ahead<2>(W, X, Y, halt, stream);
-    else if (gpw <= 4) pick_ahead<4>(W, X, Y, halt, stream);
-    else if (gpw <= 8) pick_ahead<8>(W, X, Y, halt, stream);
+    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);
+    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream);
+    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream);
+    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream);
     else fail("gemv: tiled weights with more than 4096 columns are not supported");
   } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
   else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);

@@ -197,14 +197,6 @@ __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
   return fmaf(bf16_lo(sb), static_cast<float>(q), bf16_hi(sb));
 }
 
-// Asks L1 for build_x's constant input (the norm weights) before the PDL wait, so that
-// the normalisation finds it on chip instead of paying a second L2 round trip after the
-// reduction. One prefetch per 128-byte line.
-__device__ __forceinline__ void prefetch_norm_weights(const XSpec& X, int cols) {
-  const int n = X.mode == XMode::HeadNormGate ? X.head_dim : X.mode == XMode::Plain ? 0 : cols;
-  for (int i = 32 * threadIdx.x; i < n; i += 32 * blockDim.x) asm volatile("prefetch.global.L1 [%0];" ::"l"(X.w + i));
-}
-
 // Builds x (per XSpec) for the block: raw values go to raw[xs_pos(f)] (float4 slot f =
 // columns 4f..4f+3), then emit(f, ok, v) receives each final slot. emit is called by all
 // threads the same number of times (ok = false past the end), so it may shuffle within

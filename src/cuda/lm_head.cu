@@ -103,31 +103,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 
-// Tensor-core path (tiled weights): 16-row blocks in turn (AHEAD in flight), warps split the groups.
-template <int GPW, int AHEAD>
+// Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups.
+template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const QMat& W = a.W;
+  const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
   __shared__ float red[2][kWarps][16];
-  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW, G = W.cols / 64;
-  TileWalk<GPW, AHEAD> walk(W, blockIdx.x, gridDim.x, g0, lane);
-  walk.start();
-  prefetch_norm_weights(a.X, W.cols);
+  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  int rb = blockIdx.x;
+  MmaTiles<GPW> next;
+  if (rb < n_rb) next.load(W, rb, g0, G, lane);
   pdl_wait();
   if (halt && *halt) return;
   BlockChoice ch(a);
   stage_x_mma(a.X, W.cols, xf, xsum, raw, raw + W.cols);
-  walk.run([&](int rb, int it, const MmaTiles<GPW>& tiles) {
+  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
-    tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
     const float y = reduce_rows16(red[it & 1], y0, y1);
     const int r = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && r < W.rows) {
       a.logits[r] = y;
       if (ch.on) ch.offer(a, y, r);
     }
-  });
+  }
   pdl_trigger();
   if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
@@ -146,9 +149,9 @@ void launch_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
 }
 
 
-template <int GPW, int AHEAD>
+template <int GPW>
 void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
-  auto kernel = lm_head_mma_kernel<GPW, AHEAD>;
+  auto kernel = lm_head_mma_kernel<GPW>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "lm_head: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
@@ -159,14 +162,6 @@ void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   launch("lm_head (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(a.W.cols), stream, a, halt);
 }
 
-template <int GPW>
-void pick_ahead(const HeadArgs& a, const int* halt, cudaStream_t stream) {
-  if constexpr (GPW <= 4) {  // two tile sets of 8 groups per warp would spill
-    if (tile_ahead() == 2) return launch_head_mma<GPW, 2>(a, halt, stream);
-  }
-  launch_head_mma<GPW, 1>(a, halt, stream);
-}
-
 }  // namespace
 
 int lm_head_max_blocks() { return 1024; }
@@ -175,10 +170,10 @@ void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   if (a.W.cols % 32 != 0) fail("lm_head: hidden size must be a multiple of 32");
   if (a.compute && a.W.tiled) {
     const int gpw = (a.W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) pick_ahead<1>(a, halt, stream);
-    else if (gpw <= 2) pick_ahead<2>(a, halt, stream);
-    else if (gpw <= 4) pick_ahead<4>(a, halt, stream);
-    else if (gpw <= 8) pick_ahead<8>(a, halt, stream);
+    if (gpw <= 1) launch_head_mma<1>(a, halt, stream);
+    else if (gpw <= 2) launch_head_mma<2>(a, halt, stream);
+    else if (gpw <= 4) launch_head_mma<4>(a, halt, stream);
+    else if (gpw <= 8) launch_head_mma<8>(a, halt, stream);
     else fail("lm_head: tiled weights with more than 4096 columns are not supported");
   } else if (a.W.bits == 4 || !a.compute) launch_head<4>(a, halt, stream);
   else if (a.W.bits == 8) launch_head<8>(a, halt, stream);

@@ -135,7 +135,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   __shared__ int s_ids[16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
-  prefetch_norm_weights(X, H);
   pdl_wait();
   if (halt && *halt) return;
   if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];

@@ -135,42 +135,6 @@ struct MmaTiles {
   }
 };
 
-// A warp's walk over row blocks rb0, rb0 + stride, ... with the tiles of the next D held
-// in registers: D = 2 keeps two row blocks' loads in flight while one is computed. The
-// slots are used in turn (no register shuffling, which would wait on loads in flight):
-//   TileWalk<GPW, D> walk(W, rb0, stride, g0, lane);  walk.start();  (before the PDL wait)
-//   walk.run([&](int rb, int it, const MmaTiles<GPW>& tiles) { ... });
-template <int GPW, int D>
-struct TileWalk {
-  const QMat& W;
-  int rb0, stride, n_rb, G, g0, lane;
-  MmaTiles<GPW> slot[D];
-
-  __device__ TileWalk(const QMat& W_, int rb0_, int stride_, int g0_, int lane_)
-      : W(W_), rb0(rb0_), stride(stride_), n_rb((W_.rows + 15) / 16), G(W_.cols / 64), g0(g0_), lane(lane_) {}
-
-  __device__ __forceinline__ void start() {
-#pragma unroll
-    for (int d = 0; d < D; ++d)
-      if (rb0 + d * stride < n_rb) slot[d].load(W, rb0 + d * stride, g0, G, lane);
-  }
-
-  // body(rb, it, tiles) for each row block in turn (it counts from 0).
-  template <typename Body>
-  __device__ __forceinline__ void run(Body body) {
-    for (int base = rb0, it = 0; base < n_rb; base += D * stride) {
-#pragma unroll
-      for (int d = 0; d < D; ++d, ++it) {
-        const int rb = base + d * stride;
-        if (rb >= n_rb) return;
-        const MmaTiles<GPW> cur = slot[d];
-        if (rb + D * stride < n_rb) slot[d].load(W, rb + D * stride, g0, G, lane);
-        body(rb, it, cur);
-      }
-    }
-  }
-};
-
 // Per-row totals of a 16-row block over the block's warps: every warp calls
 // put_rows16 with its (y0, y1); after a barrier, row_total(red, r) sums row r in warp
 // order (deterministic). red is [warps][16]; alternate two of them between row blocks.

@@ -226,7 +226,7 @@ void run_gemv_moe_tests() {
   test_gemv(4, 64, 300, 128, XMode::HeadNormGate, YMode::Store, 106, true);
   test_gemv(4, 64, 300, 256, XMode::EmbedRmsNorm, YMode::Store, 107, true);
   test_gemv(4, 64, 33, 1088, XMode::RmsNorm, YMode::Store, 108, true);
-  // Several row blocks per block, odd counts and a partial last one: the look-ahead slots take turns.
+  // Several row blocks per block in turn, odd counts and a partial last one.
   test_gemv(4, 64, 21127, 128, XMode::RmsNorm, YMode::Add, 109, true);
   test_gemv(4, 64, 9000, 4096, XMode::Plain, YMode::Store, 110, true);
   test_moe(256, 16, 4, 64, 128, 111, true);

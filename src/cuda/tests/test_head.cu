@@ -98,7 +98,7 @@ void check_distribution(const std::string& name, const std::vector<double>& want
   report(name + ": frequencies (max deviation in sigmas)", worst, 5.0);
 }
 
-// A large V gives each block many row blocks (tensor cores: the look-ahead walk's slots take turns).
+// A large V gives each block many row blocks in turn (and a partial last one).
 void test_greedy_head(bool tiled, int V = 1000) {
   Rng r(41);
   const int H = 256;
