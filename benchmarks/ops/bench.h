@@ -67,5 +67,6 @@ inline double qbytes(double rows, double cols, int bits) { return rows * cols * 
 void add_decode_ops(std::vector<Op>& ops);        // decode_ops.cu
 void add_prefill_ops(std::vector<Op>& ops);       // prefill_ops.cu
 void add_prefill_gemm_ops(std::vector<Op>& ops);  // prefill_gemm_ops.cu
+void add_probe_ops(std::vector<Op>& ops);         // launch_probes.cu
 
 }  // namespace lily::bench
