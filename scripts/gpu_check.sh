@@ -8,8 +8,9 @@
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
-#   gdnrule      prefill at 256..4K with the sequential scan and with the chunked GDN
+#   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
+#   longctx      prefill at 32K and 128K with the wgmma attention / GEMM routes on and off
 #   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
 #                with it switched on, prefill/decode at 4K; the fastest correct ones are
 #                then switched on for the bench step (scripts/pick_variants.py)
@@ -49,9 +50,10 @@ export PYTHONPATH=/tmp/lily
 [ "$pip_rc" = 0 ] || tail -40 "$OUT/build_package.log"
 [ "$kt_build_rc" = 0 ] || grep -m 20 error "$OUT/build_kernel_tests.log"
 
-# switch -> kernel suite that must pass for it to compete
+# switch -> kernel suites that must pass for it to compete
 declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
-                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence)
+                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
+                     [LILY_PREFILL_ATTN=wgmma]="wgmma attention_prefill" [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
 run_step() {  # name timeout log command...
   local name=$1 limit=$2 log=$3
@@ -63,7 +65,7 @@ run_step() {  # name timeout log command...
 
 if want kernels && [ "$kt_build_rc" = 0 ]; then
   : > "$OUT/kernel_tests.log"
-  for suite in gemv_moe sequence head qgemm moe_prefill gdn_prefill attention_prefill moe_fused; do
+  for suite in gemv_moe sequence head qgemm moe_prefill gdn_prefill attention_prefill moe_fused wgmma; do
     timeout 100 /tmp/kernel_tests --suite $suite --long >> "$OUT/kernel_tests.log" 2>&1
     RC[kernels_$suite]=$?
     echo "kernels $suite: rc=${RC[kernels_$suite]}"
@@ -89,12 +91,20 @@ if [ "$pip_rc" = 0 ]; then
         --steps 4 2>&1 | grep '^{' >> "$OUT/gdnrule.log"
     done
   fi
+  if want longctx; then  # prefill at 32K and 128K with each wgmma route (their gain grows with the context)
+    : > "$OUT/longctx.log"
+    for cfg in "" LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma "LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma"; do
+      echo "== prefill $cfg" >> "$OUT/longctx.log"
+      timeout 150 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 32768,131072 --steps 4 2>&1 | grep '^{' >> "$OUT/longctx.log"
+    done
+  fi
   PICKED=""
   if want variants; then
     ok=""
     for v in "${!VARIANTS[@]}"; do  # a variant competes once its kernel suite and the GPU pytest pass with it on
-      krc=${RC[kernels_${VARIANTS[$v]}]:-1}
-      if [ "$krc" != 0 ]; then echo "variant $v: kernels_${VARIANTS[$v]} rc=$krc, skipped"; continue; fi
+      krc=0
+      for suite in ${VARIANTS[$v]}; do [ "${RC[kernels_$suite]:-1}" = 0 ] || krc=1; done
+      if [ "$krc" != 0 ]; then echo "variant $v: a suite of '${VARIANTS[$v]}' failed, skipped"; continue; fi
       timeout 120 env $v python3 -m pytest -q -x tests/test_cuda_executor.py > "$OUT/pytest_$v.log" 2>&1
       prc=$?
       echo "variant $v: kernels rc=0, pytest rc=$prc ($(tail -1 "$OUT/pytest_$v.log"))"
@@ -102,7 +112,8 @@ if [ "$pip_rc" = 0 ]; then
     done
     competes() { local w; for w in $1; do [[ ,$ok, == *",$w,"* || $w == LILY_PREFILL_*_TILE=* ]] || return 1; done; }
     : > "$OUT/variants.log"
-    for cfg in "" LILY_PREFILL_GEMM=exact LILY_PREFILL_GDN=scan LILY_PREFILL_DENSE_TILE=128; do
+    for cfg in "" LILY_PREFILL_GEMM=exact LILY_PREFILL_GDN=scan LILY_PREFILL_DENSE_TILE=128 LILY_PREFILL_ATTN=wgmma \
+               LILY_PREFILL_GEMM=wgmma "LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma"; do
       competes "$cfg" || continue
       echo "== prefill $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"
@@ -136,6 +147,7 @@ grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/gdnrule.log" 2>/dev/null
+grep -E '^(==|\{)' "$OUT/longctx.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
 want variants && want bench && echo "bench ran with: ${PICKED:-the defaults}"
 grep -E '^(device|ceilings|FAIL)' "$OUT/ops.log" 2>/dev/null

@@ -137,11 +137,12 @@ def test_prefill_ablations_are_bit_identical(model_path, monkeypatch, env):
     np.testing.assert_array_equal(other.forward(other.new_session(150), ids, all_logits=True), want)
 
 
-@pytest.mark.parametrize("env", [{"LILY_PREFILL_GEMM": "exact"}, {"LILY_PREFILL_GDN": "scan"},
-                                 {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0}, {"LILY_CUDA_MOE_FUSED": 1}])
+@pytest.mark.parametrize("env", [{"LILY_PREFILL_GEMM": "exact"}, {"LILY_PREFILL_GEMM": "wgmma"},
+                                 {"LILY_PREFILL_GDN": "scan"}, {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0},
+                                 {"LILY_CUDA_MOE_FUSED": 1}])
 def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
-    """Each switchable route (the exact-fold GEMM, the sequential scan, the chunked form at
-    every length, the SIMT decode attention, the one-launch MoE) against the CPU reference,
+    """Each switchable route (the exact-fold GEMM, the wgmma GEMM, the sequential scan, the
+    chunked form at every length, the SIMT decode attention, the one-launch MoE) against the CPU reference,
     prefill and then greedy decode."""
     cpu = _lily.Engine(model_path, "cpu")
     gpu = engine_with(model_path, monkeypatch, **env)
@@ -154,7 +155,8 @@ def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
 @pytest.mark.parametrize("name,value", [("LILY_PREFILL_GDN", "fast"), ("LILY_PREFILL_GEMM", "fp8"),
                                         ("LILY_PREFILL_CHUNK", "0"), ("LILY_PREFILL_CHUNK", "4k"),
                                         ("LILY_CUDA_MOE_FUSED", "yes"), ("LILY_PREFILL_MOE_TILE", "24"),
-                                        ("LILY_PREFILL_MIN_TOKENS", "-1")])
+                                        ("LILY_PREFILL_MIN_TOKENS", "-1"), ("LILY_PREFILL_ATTN", "fast"),
+                                        ("LILY_PREFILL_ATTN", "wgmma")])  # wgmma: head dim 256 only (tiny: 64)
 def test_bad_route_setting_is_named(model_path, monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(lily.LilyError, match=name):

@@ -1,7 +1,7 @@
 // The prefill GEMMs (qgemm) of a chunk of T = 4096 tokens at Qwen3.6-35B-A3B shapes, called
 // as src/cuda/prefill_step.cpp calls them: dense tiles of 64 and 128 rows, grouped expert
-// tiles of 32, 64 and 128; each with the exact kernel and with bf16 weights ("bf16 w",
-// GemmArgs::weights_bf16). For the three large dense GEMMs, after their tile_m 64 rows, the
+// tiles of 32, 64 and 128; each with the exact kernel, with bf16 weights ("bf16 w",
+// GemmArgs::weights_bf16) and with bf16 weights on warpgroup MMA ("wgmma", GemmArgs::wgmma). For the three large dense GEMMs, after their tile_m 64 rows, the
 // ablation of dequantising inside the GEMM: a separate dequantisation pass to a bf16 copy
 // followed by a bf16 GEMM, and that pass alone.
 #include <algorithm>
@@ -20,13 +20,23 @@ namespace {
 using namespace lily::cuda;
 
 const char* epi_name(GemmEpilogue e) { return e == GemmEpilogue::Store ? "" : e == GemmEpilogue::Add ? " +res" : " +swiglu"; }
-std::string variant(int tile_m, bool w16) { return ", tile_m " + std::to_string(tile_m) + (w16 ? ", bf16 w" : ""); }
+
+// The qgemm kernels: exact maths, bf16 weights (mma.sync), bf16 weights on wgmma (sm_90a).
+enum class Kernel { Exact, Bf16w, Wgmma };
+constexpr Kernel kKernels[] = {Kernel::Exact, Kernel::Bf16w, Kernel::Wgmma};
+std::string variant(int tile_m, Kernel k) {
+  return ", tile_m " + std::to_string(tile_m) + (k == Kernel::Bf16w ? ", bf16 w" : k == Kernel::Wgmma ? ", wgmma" : "");
+}
+void set_kernel(GemmArgs& g, Kernel k) {
+  g.weights_bf16 = k != Kernel::Exact;
+  g.wgmma = k == Kernel::Wgmma;
+}
 
 // Y [M, N] = X [M, K] W^T over every row. SwiGlu: W is one gate/up stack, N / 2 outputs.
 void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int K, GemmEpilogue epi, int tile_m,
-               bool w16) {
+               Kernel kernel) {
   const double out = epi == GemmEpilogue::SwiGlu ? M * (N / 2) * 2.0 : epi == GemmEpilogue::Add ? M * 8.0 * N : M * 4.0 * N;
-  ops.push_back({"qgemm " + what + epi_name(epi) + variant(tile_m, w16),
+  ops.push_back({"qgemm " + what + epi_name(epi) + variant(tile_m, kernel),
                  "M " + std::to_string(M) + ", " + dims(N, K), qbytes(N, K, 4) + M * 2.0 * K + out, 2.0 * M * N * K,
                  [=](Arena& A) -> Launch {
                    GemmArgs g;
@@ -35,7 +45,7 @@ void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int 
                    g.ldx = K;
                    g.M = M;
                    g.epi = epi;
-                   g.weights_bf16 = w16;
+                   set_kernel(g, kernel);
                    if (epi == GemmEpilogue::SwiGlu) {
                      g.act = A.normal_bf16(size_t(M) * (N / 2));
                      g.ldy = N / 2;
@@ -168,9 +178,9 @@ void set_tiles(GemmArgs& g, Arena& A, const Routing& r, int expert_rows) {
 
 // The routed experts of one MoE block, T * k rows grouped by expert:
 //   gate/up: act [T*k, I] = SwiGLU(X[x_rows] W_gu(e)^T);  down: y_slots[y_rows] = route_w * act W_d(e)^T.
-void add_grouped(std::vector<Op>& ops, int tile_m, bool w16) {
+void add_grouped(std::vector<Op>& ops, int tile_m, Kernel kernel) {
   const int rows = kT * kTopK;
-  ops.push_back({"qgemm experts gate/up +swiglu (grouped)" + variant(tile_m, w16),
+  ops.push_back({"qgemm experts gate/up +swiglu (grouped)" + variant(tile_m, kernel),
                  "M " + std::to_string(rows) + ", 256x" + dims(2 * kI, kH),
                  qbytes(kE * 2.0 * kI, kH, 4) + kT * 2.0 * kH + rows * 2.0 * kI, 2.0 * rows * 2 * kI * kH,
                  [=](Arena& A) -> Launch {
@@ -185,11 +195,11 @@ void add_grouped(std::vector<Op>& ops, int tile_m, bool w16) {
                    g.act = A.normal_bf16(size_t(rows) * kI);
                    g.ldy = kI;
                    g.swiglu_inter = kI;
-                   g.weights_bf16 = w16;
+                   set_kernel(g, kernel);
                    set_tiles(g, A, r, 2 * kI);
                    return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
                  }});
-  ops.push_back({"qgemm experts down x route_w (grouped)" + variant(tile_m, w16),
+  ops.push_back({"qgemm experts down x route_w (grouped)" + variant(tile_m, kernel),
                  "M " + std::to_string(rows) + ", 256x" + dims(kH, kI),
                  qbytes(kE * double(kH), kI, 4) + rows * 2.0 * kI + rows * 4.0 * kH + rows * 4.0, 2.0 * rows * kH * kI,
                  [=](Arena& A) -> Launch {
@@ -204,7 +214,7 @@ void add_grouped(std::vector<Op>& ops, int tile_m, bool w16) {
                    g.ldy = kH;
                    g.y_rows = A.upload(r.y_rows);
                    g.y_scale = A.near_one(rows);
-                   g.weights_bf16 = w16;
+                   set_kernel(g, kernel);
                    set_tiles(g, A, r, kH);
                    return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
                  }});
@@ -224,16 +234,16 @@ void add_prefill_gemm_ops(std::vector<Op>& ops) {
                          {"gdn out_proj / attn o_proj", kH, kHq * kD, GemmEpilogue::Add, true},
                          {"shared expert gate/up", 2 * kIs, kH, GemmEpilogue::SwiGlu, false},
                          {"shared expert down", kH, kIs, GemmEpilogue::Store, false}};
-  // Per shape: in-tile dequantisation exact, in-tile to bf16 weights, then (tile_m 64) a separate pass.
+  // Per shape: in-tile dequantisation exact, in-tile to bf16 weights (mma.sync, wgmma), then
+  // (tile_m 64) a separate pass.
   for (int tile_m : {128, 64})
     for (const Dense& d : dense) {
-      for (bool w16 : {false, true}) add_dense(ops, d.what, kT, d.N, d.K, d.epi, tile_m, w16);
+      for (Kernel k : kKernels) add_dense(ops, d.what, kT, d.N, d.K, d.epi, tile_m, k);
       if (tile_m == 64 && d.ablation) add_separate(ops, d.what, kT, d.N, d.K);
     }
   for (int tile_m : {32, 64, 128})
-    for (bool w16 : {false, true}) add_grouped(ops, tile_m, w16);
-  for (bool w16 : {false, true})
-    add_dense(ops, "lm_head (teacher-forced logits)", 64, kV, kH, GemmEpilogue::Store, 64, w16);
+    for (Kernel k : kKernels) add_grouped(ops, tile_m, k);
+  for (Kernel k : kKernels) add_dense(ops, "lm_head (teacher-forced logits)", 64, kV, kH, GemmEpilogue::Store, 64, k);
 }
 
 }  // namespace lily::bench

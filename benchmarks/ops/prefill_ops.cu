@@ -9,6 +9,9 @@
 //   }});
 // bytes = each input read once + each output written once (scratch not counted);
 // flops = the matrix and recurrence maths (0 for element-wise ops: judged by GB/s).
+#include <cstdlib>
+#include <string>
+
 #include "attention_decode.h"
 #include "attention_prefill.h"
 #include "bench.h"
@@ -46,13 +49,25 @@ GdnConvPrefillArgs gdn_conv_args(Arena& A) {
   return c;
 }
 
+// attention_prefill with LILY_PREFILL_ATTN=route for this call (nullptr: as the
+// environment says), the variable restored afterwards.
+void attention_prefill_routed(const AttnPrefillArgs& a, const char* route, cudaStream_t s) {
+  if (!route) return attention_prefill(a, s);
+  const char* v = std::getenv("LILY_PREFILL_ATTN");
+  const std::string saved = v ? v : "";
+  setenv("LILY_PREFILL_ATTN", route, 1);
+  attention_prefill(a, s);
+  v ? setenv("LILY_PREFILL_ATTN", saved.c_str(), 1) : unsetenv("LILY_PREFILL_ATTN");
+}
+
 // One layer's attention over the chunk at positions pos0 .. pos0+T-1 (causal, against
-// the pos0 cached rows too): prep (norm, RoPE, cache append) + flash attention.
-void add_attention(std::vector<Op>& ops, int pos0) {
+// the pos0 cached rows too): prep (norm, RoPE, cache append) + flash attention, on the
+// flash kernel `route` picks (nullptr: the default).
+void add_attention(std::vector<Op>& ops, int pos0, const char* route) {
   const double keys = double(kT) * pos0 + double(kT) * (kT + 1) / 2;  // keys seen, summed over the tokens
   const double kv_row = kHkv * kD * 2.0 * 2;                           // one bf16 K row and V row
   const double bytes = kT * 4.0 * kAttnRows + (pos0 + kT) * kv_row + kT * kv_row + kT * 2.0 * kHq * kD;
-  ops.push_back({"attention_prefill", "T " + std::to_string(kT) + " at pos " + std::to_string(pos0) + ", 16 q / 2 kv heads x 256",
+  ops.push_back({route ? std::string("attention_prefill ") + route : std::string("attention_prefill"), "T " + std::to_string(kT) + " at pos " + std::to_string(pos0) + ", 16 q / 2 kv heads x 256",
                  bytes, 4.0 * kHq * kD * keys, [=](Arena& A) -> Launch {
                    AttnPrefillArgs a;
                    a.proj = A.normal(size_t(kT) * kAttnRows);
@@ -69,7 +84,7 @@ void add_attention(std::vector<Op>& ops, int pos0) {
                    a.T = kT, a.pos0 = pos0;
                    a.Hq = kHq, a.Hkv = kHkv, a.D = kD, a.rot_dim = kRot;
                    a.eps = kEps;
-                   return [=](cudaStream_t s) { attention_prefill(a, s); };
+                   return [=](cudaStream_t s) { attention_prefill_routed(a, route, s); };
                  }});
 }
 
@@ -149,7 +164,8 @@ void add_prefill_ops(std::vector<Op>& ops) {
                    return [=](cudaStream_t s) { gdn_gated_norm(a, s); };
                  }});
 
-  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0);  // chunks ending at 4K, 32K, 128K
+  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, nullptr);  // chunks ending at 4K, 32K, 128K
+  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, "wgmma");  // Hopper wgmma flash kernel
 
   // MoE routing (router GEMM, top-k, sort, tile list: tile_m 64 at this T) and the combine.
   const double slots = double(kT) * kTopK;

@@ -11,11 +11,17 @@
 // distinct banks); K/V tiles are double buffered with cp.async (tile j+1 loads while
 // tile j computes). Key tiles past a block's last query are never visited; only tiles
 // that reach past its first query are masked.
+//
+// LILY_PREFILL_ATTN=wgmma runs step 2 on the Hopper warpgroup-MMA kernel instead
+// (attention_flash_wgmma.cu, D = 256); both share attention_flash.h and this merge.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "async_copy.cuh"
+#include "attention_flash.h"
 #include "attention_prefill.h"
 #include "device_common.cuh"
 #include "qmma.cuh"
@@ -23,40 +29,18 @@
 namespace lily::cuda {
 namespace {
 
-constexpr int kRows = 128;           // query rows per block
-constexpr int kKeys = 64;            // keys per tile
+constexpr int kRows = kFlashRows;    // query rows per block
+constexpr int kKeys = kFlashKeys;    // keys per tile
 constexpr int kThreads = 256;        // 8 warps x 16 rows
 constexpr int kMinSplitTiles = 4;    // a key split gets at least this many tiles
 constexpr int kMaxSplitBlocks = 256; // partial results the scratch holds room for
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = kFlashLog2e;
 
 // Shared memory rows are D bf16 + 16 bytes of padding.
 template <int D>
 constexpr int kRowBytes = D * 2 + 16;
 template <int D>
 constexpr int kSmemBytes = (kRows + 4 * kKeys) * kRowBytes<D>;  // Q + 2 stages of K and V
-
-struct FlashParams {
-  const uint16_t* q;   // bf16 [T][Hq][D], pre-scaled by 1/sqrt(D)
-  const uint16_t* k;   // bf16 [ctx][Hkv][D]
-  const uint16_t* v;
-  const float* proj;   // for the gate: proj[t * ldp + h * 2D + D + d]
-  uint16_t* out;       // bf16 [T][Hq][D]
-  float* part_o;       // [splits * blocks][kRows][D] unnormalised O of each split
-  float2* part_ml;     // [splits * blocks][kRows] (row max of the scores, row sum of exp)
-  int ldp, T, pos0, Hq, Hkv, G;
-  int tpt;             // tokens per block: kRows / G
-  int blocks;          // query tiles x KV heads
-  int splits;          // key splits per block
-};
-
-// Keys of query tile `qt` (tokens qt*tpt ..): all positions up to its last token.
-__host__ __device__ inline int key_tiles(int qt, int tpt, int T, int pos0) {
-  const int last = (qt + 1) * tpt < T ? (qt + 1) * tpt : T;
-  return (pos0 + last + kKeys - 1) / kKeys;
-}
-// Key tiles per split: split s takes tiles [s * chunk, min((s + 1) * chunk, n_tiles)).
-__host__ __device__ inline int split_chunk(int n_tiles, int splits) { return (n_tiles + splits - 1) / splits; }
 
 // Grid: x = query tile x KV head, heaviest (latest) tiles first so the causal tail is
 // short; y = key split. Writes bf16 outputs (one split) or partial results.
@@ -279,8 +263,24 @@ void launch_flash(const FlashParams& p, cudaStream_t stream) {
                      "attention_prefill: shared memory opt-in");
   launch("attention_prefill_flash", attention_flash_kernel<D>, dim3(p.blocks, p.splits), dim3(kThreads),
          kSmemBytes<D>, stream, p);
-  if (p.splits > 1)
-    launch("attention_prefill_merge", attention_merge_kernel<D>, dim3((p.T * p.Hq + 7) / 8), dim3(256), 0, stream, p);
+}
+
+template <int D>
+void launch_merge(const FlashParams& p, cudaStream_t stream) {
+  launch("attention_prefill_merge", attention_merge_kernel<D>, dim3((p.T * p.Hq + 7) / 8), dim3(256), 0, stream, p);
+}
+
+// LILY_PREFILL_ATTN picks the flash kernel: "mma" (mma.sync, every head dim; the default,
+// also when unset or empty) or "wgmma" (Hopper warpgroup MMA, D = 256 only: other head
+// dims are refused rather than silently run on mma.sync). Read on every call, so a
+// benchmark or test may switch it between calls.
+bool use_wgmma(int D) {
+  const char* v = std::getenv("LILY_PREFILL_ATTN");
+  if (!v || !*v || !std::strcmp(v, "mma")) return false;
+  if (std::strcmp(v, "wgmma")) fail("LILY_PREFILL_ATTN must be 'mma' or 'wgmma', got '", v, "'");
+  if (!flash_wgmma_supports(D))
+    fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, got ", std::to_string(D));
+  return true;
 }
 
 }  // namespace
@@ -299,6 +299,7 @@ void attention_prefill(const AttnPrefillArgs& a, cudaStream_t stream) {
   if (a.T >= 1 && a.Hq >= 1 && a.D >= 1 && a.scratch_bytes < attention_prefill_scratch_bytes(a.T, a.Hq, a.D))
     fail("attention_prefill: scratch of ", to_string(a.scratch_bytes), " bytes, needs ",
          to_string(attention_prefill_scratch_bytes(a.T, a.Hq, a.D)));
+  const bool wgmma = use_wgmma(a.D);  // before any launch: a refused route leaves the cache untouched
   uint16_t* q = static_cast<uint16_t*>(a.scratch);
   attention_prefill_prep(a, q, stream);  // validates the shapes
 
@@ -318,10 +319,21 @@ void attention_prefill(const AttnPrefillArgs& a, cudaStream_t stream) {
   // SMs (one wave), each of at least kMinSplitTiles tiles.
   const int cap = split_capacity(), most_tiles = key_tiles(p.blocks / a.Hkv - 1, p.tpt, a.T, a.pos0);
   p.splits = p.blocks < cap ? std::max(1, std::min(cap / p.blocks, most_tiles / kMinSplitTiles)) : 1;
-  switch (a.D) {
-    case 64: launch_flash<64>(p, stream); break;
-    case 128: launch_flash<128>(p, stream); break;
-    default: launch_flash<256>(p, stream); break;
+  if (wgmma) {
+    launch_flash_wgmma(p, a.D, stream);
+  } else {
+    switch (a.D) {
+      case 64: launch_flash<64>(p, stream); break;
+      case 128: launch_flash<128>(p, stream); break;
+      default: launch_flash<256>(p, stream); break;
+    }
+  }
+  if (p.splits > 1) {
+    switch (a.D) {
+      case 64: launch_merge<64>(p, stream); break;
+      case 128: launch_merge<128>(p, stream); break;
+      default: launch_merge<256>(p, stream); break;
+    }
   }
 }
 

@@ -103,7 +103,7 @@ class CudaExecutor : public Executor {
     reserve_staging(64);
     prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096, 1, 1 << 20);
     prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2, 1, 1 << 20);
-    popt_ = PrefillOptions::from_env();
+    popt_ = PrefillOptions::from_env(weights_->config);
     if (!env_flag("LILY_CUDA_PREFILL", true))
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))

@@ -11,6 +11,7 @@
 #include "embed_rows.h"
 #include "env.h"
 #include "error.h"
+#include "attention_flash.h"
 #include "gdn_chunked_prefill.h"
 #include "gdn_conv_prefill.h"
 #include "gdn_gated_norm.h"
@@ -64,7 +65,7 @@ int dense_tile_rows(int T, const PrefillOptions& opt) {
 
 }  // namespace
 
-PrefillOptions PrefillOptions::from_env() {
+PrefillOptions PrefillOptions::from_env(const ModelConfig& c) {
   PrefillOptions o;
   o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0, 0, 128);
   o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0, 0, 128);
@@ -74,9 +75,19 @@ PrefillOptions PrefillOptions::from_env() {
   o.host_routing = env_flag("LILY_PREFILL_HOST_ROUTING", false);
   o.profile = env_flag("LILY_PREFILL_PROFILE", false);
   if (const char* g = std::getenv("LILY_PREFILL_GEMM"); g && *g) {
-    if (std::strcmp(g, "bf16w") != 0 && std::strcmp(g, "exact") != 0)
-      fail("LILY_PREFILL_GEMM must be 'exact' or 'bf16w', got '", g, "'");
-    o.gemm_bf16w = std::strcmp(g, "bf16w") == 0;
+    if (std::strcmp(g, "bf16w") != 0 && std::strcmp(g, "exact") != 0 && std::strcmp(g, "wgmma") != 0)
+      fail("LILY_PREFILL_GEMM must be 'exact', 'bf16w' or 'wgmma', got '", g, "'");
+    o.gemm_bf16w = std::strcmp(g, "exact") != 0;
+    o.gemm_wgmma = std::strcmp(g, "wgmma") == 0;
+  }
+  // attention_prefill reads LILY_PREFILL_ATTN itself on every call (tests and the registry
+  // switch it per call); refused here first, so a bad setting fails the engine's load
+  // instead of a prefill halfway through its layers.
+  if (const char* g = std::getenv("LILY_PREFILL_ATTN"); g && *g) {
+    if (std::strcmp(g, "mma") != 0 && std::strcmp(g, "wgmma") != 0)
+      fail("LILY_PREFILL_ATTN must be 'mma' or 'wgmma', got '", g, "'");
+    if (std::strcmp(g, "wgmma") == 0 && c.num_full_layers() > 0 && !flash_wgmma_supports(c.head_dim))
+      fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, the model has ", std::to_string(c.head_dim));
   }
   if (const char* g = std::getenv("LILY_PREFILL_GDN"); g && *g) {
     if (std::strcmp(g, "chunked") != 0 && std::strcmp(g, "scan") != 0)
@@ -199,6 +210,7 @@ struct Chunk {
     g.ldx = ldx;
     g.M = rows;
     g.weights_bf16 = opt.gemm_bf16w;
+    g.wgmma = opt.gemm_wgmma;
     return g;
   }
   // y [T][ldy] = x Wᵀ (Store) or h += x Wᵀ (Add, y = h).

@@ -31,9 +31,14 @@ struct PrefillOptions {
   // LILY_PREFILL_GEMM=exact|bf16w: scale and bias folded per group in fp32 (exact), or the
   // weights rounded once to bf16 in registers with one accumulator over K (as MLX's GPU
   // kernels compute; 1.30x faster end to end at 4K, perf-log P3). Default bf16w.
+  // LILY_PREFILL_GEMM=wgmma: the bf16w maths on Hopper warpgroup MMA (qgemm_wgmma.cu, sm_90a;
+  // tile_m 128 runs 128 x 256 blocks, smaller tiles 64 x 128: LILY_PREFILL_DENSE_TILE=128
+  // picks the large blocks for the dense GEMMs). Unmeasured; default stays bf16w.
   bool gemm_bf16w = true;
+  bool gemm_wgmma = false;
   bool gdn_chunked(int T) const { return gdn == Gdn::Chunked || (gdn == Gdn::ByLength && T >= kGdnChunkedMinTokens); }
-  static PrefillOptions from_env();
+  // LILY_PREFILL_* of the environment, each refused with its name when malformed or unfit for `c`.
+  static PrefillOptions from_env(const ModelConfig& c);
 };
 
 // Activations of one chunk, allocated for `capacity` tokens once and reused; peak

@@ -27,6 +27,10 @@ struct Tile {
   static constexpr int kXStride = 72;  // bf16 per staged X row: 144 B rows keep ldmatrix conflict-free
   static constexpr int kCodeBytes = kBlocks * 512, kSbBytes = kBlocks * 64, kXBytes = BM * kXStride * 2;
   static constexpr int kStageBytes = kCodeBytes + kSbBytes + kXBytes;
+  static constexpr int kCodeOff = 0, kSbOff = kCodeBytes;  // stage layout: codes, scale|bias, X rows
+  __host__ __device__ static constexpr int x_chunk(int r, int c) {
+    return kCodeBytes + kSbBytes + r * kXStride * 2 + 16 * c;
+  }
   static constexpr int kSmem = kStages * kStageBytes + 2 * BM * 4;  // + xsum [2][BM]
   static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kXChunks = BM * 8, kXCopies = kXChunks / kThreads;
   static constexpr int kSbThreads = 32;  // 8 blocks x 4 threads of 16 bytes
@@ -203,6 +207,7 @@ void check_args(const GemmArgs& a, int tile_m) {
   if (!a.x || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) fail("qgemm: x must be a 16-byte aligned device pointer");
   if (a.ldx < W.cols || a.ldx % 8 != 0)
     fail("qgemm: ldx ", std::to_string(a.ldx), " must be >= K = ", std::to_string(W.cols), " and a multiple of 8");
+  if (a.wgmma && !a.weights_bf16) fail("qgemm: wgmma computes the weights_bf16 maths; set weights_bf16 too");
   const bool grouped = a.tiles != nullptr;
   if (grouped) {
     if (!a.n_tiles) fail("qgemm: grouped mode needs n_tiles");
@@ -240,6 +245,7 @@ void qgemm(const GemmArgs& a, int tile_m, cudaStream_t stream) {
   const int n_feat = grouped ? a.expert_rows : a.W.rows;
   const int blocks_y = grouped ? a.max_tiles : (a.M + tile_m - 1) / tile_m;
   if (a.M == 0 || blocks_y == 0) return;  // nothing to compute
+  if (a.wgmma) return qgemm_wgmma(a, tile_m, stream);
   if (a.weights_bf16) return qgemm_bf16w(a, tile_m, blocks_y, stream);
   const dim3 grid((n_feat + 127) / 128, blocks_y);
   switch (tile_m) {

@@ -11,6 +11,10 @@
 // accumulates X · wᵀ over all of K in fp32: no per-group fold or row sums and larger warp
 // tiles (fewer instructions per mma); its results differ from the exact route's by that
 // rounding (max ~1e-2 of the output RMS), its accumulation error is the same (~1e-5).
+// With wgmma as well (sm_90a; needs weights_bf16) the kernel of qgemm_wgmma.cu computes
+// the same weights_bf16 maths on Hopper warpgroup MMA (wgmma.mma_async): blocks of 128
+// rows x 256 features (tile_m 128) or 64 x 128 (tile_m 16, 32, 64; smaller grouped tiles
+// run as m64 with their rows clipped).
 //
 // Dense mode (tiles == nullptr): GEMM rows 0 .. M-1, features 0 .. W.rows-1.
 // Grouped mode (MoE): W stacks experts of expert_rows rows each; block y of the launch
@@ -55,9 +59,12 @@ struct GemmArgs {
   int max_tiles = 0;              // grouped mode: grid bound (blocks per feature block)
   int expert_rows = 0;            // grouped mode: rows per expert in W (multiple of 16)
   bool weights_bf16 = false;      // bf16-rounded weights, one fp32 sum over K (see above)
+  bool wgmma = false;             // weights_bf16 on warpgroup MMA (sm_90a, see above)
 };
 
-// One launch; grid = (ceil(features / 128) (weights_bf16: / 256), dense ? ceil(M / tile_m) : max_tiles).
+// One launch; grid = (ceil(features / 128) (weights_bf16: / 256), dense ? ceil(M / tile_m) : max_tiles);
+// wgmma: (ceil(features / 256), ceil(M / 128)) for tile_m 128, else (ceil(features / 128), ceil(M / 64)),
+// grouped max_tiles.
 // tile_m (rows per block) in {16, 32, 64, 128}; grouped mode: the tile size the list was
 // built for (a tile's rows are clipped to tile_m and to M - row0, never past them).
 // Limits (checked, fail("qgemm: ...")): K % 64 == 0; x 16-byte aligned, ldx % 8 == 0;

@@ -31,6 +31,10 @@ struct TileW {
   static constexpr int kXStride = 72;  // bf16 per staged X row: 144 B rows keep ldmatrix conflict-free
   static constexpr int kCodeBytes = kBlocks * 512, kSbBytes = kBlocks * 64, kXBytes = BM * kXStride * 2;
   static constexpr int kStageBytes = kCodeBytes + kSbBytes + kXBytes;
+  static constexpr int kCodeOff = 0, kSbOff = kCodeBytes;  // stage layout: codes, scale|bias, X rows
+  __host__ __device__ static constexpr int x_chunk(int r, int c) {
+    return kCodeBytes + kSbBytes + r * kXStride * 2 + 16 * c;
+  }
   static constexpr int kSmem = kStages * kStageBytes;
   static constexpr int kCodeCopies = kBlocks * 32 / kThreads, kSbThreads = kBlocks * 4;
   static constexpr int kXChunks = BM * 8, kXCopies = (kXChunks + kThreads - 1) / kThreads;  // 16-byte chunks

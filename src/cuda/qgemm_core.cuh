@@ -1,12 +1,15 @@
-// Pieces shared by the two qgemm kernels (qgemm.cu: exact affine maths; qgemm_bf16w.cu:
-// bf16-rounded weights): the first-k-step mma, the bf16 weight dequantisation, and the
-// host entry of the bf16-weight kernel (qgemm() validates and dispatches to it).
+// Pieces shared by the three qgemm kernels (qgemm.cu: exact affine maths; qgemm_bf16w.cu:
+// bf16-rounded weights; qgemm_wgmma.cu: the same on warpgroup MMA, primitives in
+// wgmma.cuh): the first-k-step mma, the bf16 weight dequantisation, the block's rows and
+// cp.async plan, and the host entries of the two bf16-weight kernels (qgemm() validates
+// and dispatches to them).
 #pragma once
 #include <cstdint>
 
 #include "async_copy.cuh"
 #include "qgemm.h"
 #include "qmma.cuh"
+#include "wgmma.cuh"
 
 namespace lily::cuda {
 
@@ -33,10 +36,17 @@ __device__ __forceinline__ uint32_t weights_bf16x2(uint32_t code, int i, uint32_
   return w;
 }
 
+// A 32-bit store to shared memory by address (qgemm_wgmma.cu writes its dequantised B
+// tile in the 128B-swizzle layout of wgmma.cuh; fence_proxy_async_smem before wgmma reads it).
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
 // The GEMM rows of this block (blockIdx.y): a row tile (dense), or the tile list entry
 // {expert, row0, rows} (grouped). False: nothing to do (past *n_tiles, or no rows).
+// clip: the most rows of a grouped tile (the tile_m its list was built for, <= BM).
 template <int BM>
-__device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& row0, int& rows) {
+__device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& row0, int& rows, int clip = BM) {
   expert = 0;
   row0 = blockIdx.y * BM;
   rows = min(BM, a.M - row0);
@@ -45,14 +55,15 @@ __device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& 
     const int4 t = a.tiles[blockIdx.y];
     expert = t.x;
     row0 = t.y;
-    rows = min(min(t.z, BM), a.M - t.y);
+    rows = min(min(t.z, clip), a.M - t.y);
   }
   return row0 >= 0 && rows > 0;
 }
 
-// A block's cp.async plan, the same for both kernels (T: their tile constants): per group
-// g of 64 columns one stage holds the block's weight tiles as stored (codes, then the
-// scale|bias words) and its X tile [BM][64] (rows padded to T::kXStride bf16). The
+// A block's cp.async plan, the same for all three kernels (T: their tile constants): per
+// group g of 64 columns one stage holds the block's weight tiles as stored (codes at
+// T::kCodeOff, the scale|bias words at T::kSbOff) and its X tile [BM][64], whose 16-byte
+// chunk c of row r goes to T::x_chunk(r, c) (padded rows, or the wgmma swizzle). The
 // sources are kept as element offsets at group 0, 32-bit to spare registers; -1 marks a
 // missing row block or row, copied as 0 bytes, i.e. zero-filled (zero weights, zero rows).
 template <class T>
@@ -83,11 +94,12 @@ struct StagePlan {
 #pragma unroll
     for (int i = 0; i < T::kCodeCopies; ++i) {
       const bool ok = code_off[i] >= 0;
-      cp_async16(st + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0), ok ? 16 : 0);
+      cp_async16(st + T::kCodeOff + (tid + i * T::kThreads) * 16, a.W.codes + (ok ? code_off[i] + g * 32 : 0),
+                 ok ? 16 : 0);
     }
     if (tid < T::kSbThreads) {
       const bool ok = sb_off >= 0;
-      cp_async16(st + T::kCodeBytes + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
+      cp_async16(st + T::kSbOff + tid * 16, a.W.sb + (ok ? sb_off + g * 16 : 0), ok ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < T::kXCopies; ++i) {
@@ -95,7 +107,7 @@ struct StagePlan {
       if (T::kXChunks % T::kThreads != 0 && c >= T::kXChunks) continue;
       const bool ok = x_row[i] >= 0;
       const uint16_t* src = a.x + (ok ? static_cast<size_t>(x_row[i]) * a.ldx + 64 * g + 8 * (c & 7) : 0);
-      cp_async16(st + T::kCodeBytes + T::kSbBytes + (c >> 3) * T::kXStride * 2 + 16 * (c & 7), src, ok ? 16 : 0);
+      cp_async16(st + T::x_chunk(c >> 3, c & 7), src, ok ? 16 : 0);
     }
   }
 };
@@ -144,5 +156,8 @@ __device__ __forceinline__ void store_tile(const GemmArgs& a, const float (&acc)
 // qgemm with GemmArgs::weights_bf16 on validated arguments; blocks_y: row tiles (dense)
 // or max_tiles (grouped), > 0.
 void qgemm_bf16w(const GemmArgs& a, int tile_m, int blocks_y, cudaStream_t stream);
+
+// qgemm with GemmArgs::wgmma on validated arguments (M > 0; grouped: max_tiles > 0).
+void qgemm_wgmma(const GemmArgs& a, int tile_m, cudaStream_t stream);
 
 }  // namespace lily::cuda

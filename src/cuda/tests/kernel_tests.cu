@@ -17,6 +17,7 @@ void run_moe_prefill_tests();
 void run_gdn_prefill_tests();
 void run_attention_prefill_tests();
 void run_moe_fused_tests();
+void run_wgmma_tests();
 }  // namespace lily::cuda::test
 
 int main(int argc, char** argv) {
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
       {"gdn_prefill", [](bool) { run_gdn_prefill_tests(); }},
       {"attention_prefill", [](bool) { run_attention_prefill_tests(); }},
       {"moe_fused", [](bool) { run_moe_fused_tests(); }},
+      {"wgmma", [](bool) { run_wgmma_tests(); }},
   };
   bool found = suite == nullptr;
   try {

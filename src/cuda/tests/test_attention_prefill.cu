@@ -1,9 +1,12 @@
 // Prefill attention (prep + flash attention + split merge) against fp64 references: the
 // cache rows it appends, the gated bf16 outputs (head dims 64/128/256, GQA groups 1, 2, 3, 8, 16,
 // token counts off the tile sizes, fresh and pre-filled caches, a 40K context), chunked
-// calls, and decode continuing after prefill on the same cache.
+// calls, and decode continuing after prefill on the same cache; then the same for the
+// wgmma flash kernel (LILY_PREFILL_ATTN=wgmma, D = 256) and its refusal of other head dims.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "attention_decode.h"
@@ -209,9 +212,28 @@ std::vector<double> as_double(const std::vector<uint16_t>& b) {
   return d;
 }
 
+// Sets LILY_PREFILL_ATTN (attention_prefill reads it on every call) for a scope, then
+// restores what was there.
+class ScopedRoute {
+ public:
+  explicit ScopedRoute(const char* route) {
+    if (const char* v = std::getenv(kVar)) saved_ = v, had_ = true;
+    setenv(kVar, route, 1);
+  }
+  ScopedRoute(const ScopedRoute&) = delete;
+  ~ScopedRoute() { had_ ? setenv(kVar, saved_.c_str(), 1) : unsetenv(kVar); }
+
+ private:
+  static constexpr const char* kVar = "LILY_PREFILL_ATTN";
+  std::string saved_;
+  bool had_ = false;
+};
+
 std::string label(const Problem& P) {
-  char s[120];
-  std::snprintf(s, sizeof s, "attention prefill Hq%d Hkv%d D%d, T %d at pos0 %d", P.s.Hq, P.s.Hkv, P.s.D, P.T, P.pos0);
+  char s[140];
+  const char* route = std::getenv("LILY_PREFILL_ATTN");
+  std::snprintf(s, sizeof s, "attention prefill%s%s Hq%d Hkv%d D%d, T %d at pos0 %d", route && *route ? " " : "",
+                route && *route ? route : "", P.s.Hq, P.s.Hkv, P.s.D, P.T, P.pos0);
   return s;
 }
 
@@ -334,6 +356,27 @@ void run_attention_prefill_tests() {
   test_chunked(small, 100, 0, 37, ++seed);
   test_decode_after(real, 101, 1000, ++seed);
   test_decode_after(single, 65, 0, ++seed);
+
+  // The wgmma kernel (D = 256) on the same comparisons and thresholds.
+  const ScopedRoute wgmma("wgmma");
+  for (int pos0 : {0, 1000})
+    for (int T : {1, 7, 37, 64, 100, 257}) test_prefill(real, T, pos0, ++seed);
+  test_prefill({2, 2, 256}, 257, 1000, ++seed);   // G = 1: 128 tokens per block
+  test_prefill({4, 2, 256}, 100, 1000, ++seed);   // G = 2
+  test_prefill({6, 2, 256}, 100, 1000, ++seed);   // G = 3: 126 of a block's 128 rows
+  test_prefill({16, 1, 256}, 100, 1000, ++seed);  // G = 16: 8 tokens per block
+  test_prefill(real, 1024, 0, ++seed);            // 128 blocks of 1 .. 16 key tiles, no split
+  test_prefill(real, 64, 40000, ++seed);          // long cache: key splits merged by log-sum-exp
+  test_chunked(real, 257, 1000, 100, ++seed);
+  test_decode_after(real, 101, 1000, ++seed);
+  std::string refusal;
+  try {
+    test_prefill(small, 7, 0, ++seed);
+  } catch (const std::exception& e) {
+    refusal = e.what();
+  }
+  expect("LILY_PREFILL_ATTN=wgmma refuses D = 64, naming the variable ('" + refusal + "')",
+         refusal.find("LILY_PREFILL_ATTN") != std::string::npos);
 }
 
 }  // namespace lily::cuda::test

@@ -2,10 +2,12 @@
 // and real shapes for every tile size, SwiGLU on gate/up-interleaved weights, and the
 // grouped (MoE) mode with a tile list, row gather, scatter, routing weights and tiles
 // past *n_tiles. Outputs start as NaN where the kernel must write and as a sentinel
-// (or the Add input) everywhere else, which must survive. Every case runs both kernels:
-// the exact one against the exact weights, the weights_bf16 one against the weights
-// rounded to bf16 as the device rounds them (isolating accumulation error) and, with a
-// bf16-sized tolerance, against the exact weights.
+// (or the Add input) everywhere else, which must survive. Every case runs all three
+// kernels: the exact one against the exact weights, the weights_bf16 and wgmma ones
+// against the weights rounded to bf16 as the device rounds them (isolating accumulation
+// error) and, with a bf16-sized tolerance, against the exact weights. Single wgmma
+// instructions (shared-memory A and B, K-major, 128B swizzle) are first checked alone
+// against a CPU matmul, so a descriptor or layout bug shows up in isolation.
 #include <algorithm>
 #include <atomic>
 #include <limits>
@@ -14,7 +16,51 @@
 
 #include "error.h"
 #include "qgemm.h"
+#include "qgemm_core.cuh"
 #include "test_util.h"
+
+namespace lily::cuda {
+namespace {
+
+// One warpgroup computes D (64 x N fp32) = A (64 x 16 ksteps) · B (N x 16 ksteps)ᵀ with
+// ksteps chained wgmma.mma_async m64nNk16 from shared memory: a, b bf16 [rows][64]
+// (ksteps <= 4) are written into K-major 128-byte rows with the 128B swizzle as the PTX
+// ISA states it (16-byte chunk c of row r at chunk c ^ (r % 8) of a 1024-byte aligned
+// atom), d [64][N] from the D fragment: d[4i + 2h + e] = D[16 w + gid + 8h][8i + 2t + e].
+template <int N, int ksteps>
+__global__ void __launch_bounds__(128) wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, float* d) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t sa = (raw0 + 1023) & ~1023u, sb = sa + 64 * 128;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, t = lane & 3;
+  pdl_wait();
+  for (int i = tid; i < (64 + N) * 32; i += 128) {  // 4-byte words: row i / 32, k = 2 (i % 32)
+    const int row = i >> 5, k = 2 * (i & 31), r = row < 64 ? row : row - 64;
+    const uint16_t* src = (row < 64 ? a : b) + r * 64 + k;
+    const uint32_t tile = row < 64 ? sa : sb;
+    st_shared_u32(tile + r * 128 + (((k >> 3) ^ (r & 7)) << 4) + 2 * (k & 7),
+                  src[0] | static_cast<uint32_t>(src[1]) << 16);
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  wgmma_hold(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < ksteps; ++j)
+    wgmma_ss<N>(acc, wgmma_desc_kmajor_sw128(sa + 32 * j), wgmma_desc_kmajor_sw128(sb + 32 * j), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_hold(acc);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i)
+    d[(16 * w + gid + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i];
+}
+
+}  // namespace
+}  // namespace lily::cuda
 
 namespace lily::cuda::test {
 namespace {
@@ -135,25 +181,61 @@ double compare(const Expect<E>& ex, const std::vector<double>& want, const std::
 // the 58k outputs of test_grouped in emulation), so ~1.3e-2 at 5.5 sigma.
 constexpr double kBf16WeightsTol = 2e-2;
 
-// Runs qgemm on a fresh copy of ex.init (into a.y or a.act) with both kernels and
-// reports: exact kernel vs want[0] (tol); bf16-weight kernel vs want[1] (tol) and vs
+// The three kernels: exact maths, bf16 weights (mma.sync), bf16 weights on wgmma.
+enum class Route { Exact, Bf16w, Wgmma };
+constexpr Route kRoutes[] = {Route::Exact, Route::Bf16w, Route::Wgmma};
+
+// Runs qgemm on a fresh copy of ex.init (into a.y or a.act) with each kernel and
+// reports: exact kernel vs want[0] (tol); bf16-weight kernels vs want[1] (tol) and vs
 // want[0] (tol + kBf16WeightsTol).
 template <typename E>
 void run_and_compare(GemmArgs a, int tile_m, const Expect<E>& ex, const std::string& name, double tol,
                      bool& untouched) {
-  for (bool w16 : {false, true}) {
+  for (Route route : kRoutes) {
     E* out = to_dev(ex.init);
     if constexpr (sizeof(E) == 2) a.act = out;
     else a.y = out;
     a.ldy = ex.ld;
-    a.weights_bf16 = w16;
+    a.weights_bf16 = route != Route::Exact;
+    a.wgmma = route == Route::Wgmma;
     qgemm(a, tile_m, 0);
     CK(cudaGetLastError());
     const std::vector<E> got = from_dev(out, ex.init.size());
     cudaFree(out);
-    report(name + (w16 ? " [bf16 w]" : ""), compare(ex, ex.want[w16], got, untouched), tol);
-    if (w16) report(name + " [bf16 w vs exact w]", compare(ex, ex.want[0], got, untouched), tol + kBf16WeightsTol);
+    const bool w16 = a.weights_bf16;
+    const std::string tag = route == Route::Exact ? "" : route == Route::Bf16w ? " [bf16 w]" : " [wgmma]";
+    report(name + tag, compare(ex, ex.want[w16], got, untouched), tol);
+    if (w16) report(name + tag + " vs exact w", compare(ex, ex.want[0], got, untouched), tol + kBf16WeightsTol);
   }
+}
+
+// wgmma_probe_kernel<N, ksteps> against the fp64 product of the same bf16
+// values: the sums of 16 ksteps bf16 products agree to fp32 accumulation (~1e-6 of the RMS).
+template <int N, int ksteps>
+void test_wgmma_probe(uint64_t seed) {
+  Rng r(seed);
+  const Bf16Mat A = random_bf16(64, 64, 64, r), B = random_bf16(N, 64, 64, r);
+  uint16_t *da = to_dev(A.bits), *db = to_dev(B.bits);
+  float* dd = dev_alloc<float>(64 * N);
+  const size_t smem = 1024 + (64 + N) * 128;
+  launch("wgmma probe", wgmma_probe_kernel<N, ksteps>, dim3(1), dim3(128), smem, 0, static_cast<const uint16_t*>(da),
+         static_cast<const uint16_t*>(db), dd);
+  CK(cudaGetLastError());
+  const std::vector<float> got = from_dev(dd, 64 * N);
+  double ss = 0, worst = 0;
+  std::vector<double> want(64 * N);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n) {
+      want[m * N + n] = dot(A.row(m), B.row(n), 16 * ksteps);
+      ss += want[m * N + n] * want[m * N + n];
+    }
+  const double rms = std::sqrt(ss / (64 * N));
+  for (int i = 0; i < 64 * N; ++i)
+    worst = std::isfinite(got[i]) ? std::max(worst, std::fabs(got[i] - want[i]) / rms) : INFINITY;
+  char name[96];
+  std::snprintf(name, sizeof name, "wgmma probe m64n%dk16 x %d (smem A, B: K-major, 128B swizzle)", N, ksteps);
+  report(name, worst, 1e-5);
+  cudaFree(da), cudaFree(db), cudaFree(dd);
 }
 
 void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
@@ -193,7 +275,7 @@ void test_dense(int M, int N, int K, int ldx, uint64_t seed) {
                     epi == GemmEpilogue::Store ? "store" : "add", M, N, K, ldx, tile);
       run_and_compare(a, tile, epi == GemmEpilogue::Store ? store : add, name, 1e-4, untouched);
     }
-  expect("  nothing written outside the M x N output (all tiles, store and add, both kernels)", untouched);
+  expect("  nothing written outside the M x N output (all tiles, store and add, all kernels)", untouched);
   free_q(dW);
   cudaFree(dx);
 }
@@ -404,6 +486,7 @@ void test_rejects() {
     a.epi = GemmEpilogue::Add;
     a.y_scale = dy;
   });
+  refused("wgmma without weights_bf16", 64, [](GemmArgs& a) { a.wgmma = true; });
   refused("SwiGlu with W.rows != 2 * swiglu_inter", 64, [](GemmArgs& a) {
     a.epi = GemmEpilogue::SwiGlu;
     a.act = reinterpret_cast<uint16_t*>(a.y);
@@ -416,6 +499,10 @@ void test_rejects() {
 }  // namespace
 
 void run_qgemm_tests() {
+  test_wgmma_probe<128, 1>(41);
+  test_wgmma_probe<256, 1>(42);
+  test_wgmma_probe<128, 4>(43);
+  test_wgmma_probe<256, 4>(44);
   test_rejects();
   test_dense(1, 16, 64, 64, 11);
   test_dense(7, 40, 128, 136, 12);
