@@ -1,12 +1,17 @@
 // What the two flash-attention kernels of attention_prefill (step 2) share: the block
 // shape, the launch parameters, the causal key range of a block and its split over key
-// tiles, and the split partial-result format the merge launch reads.
+// tiles, and the split partial-result format the merge launch reads (flash_store_row).
 //   attention_prefill.cu:       mma.sync m16n8k16 kernel (D = 64, 128, 256) and the merge;
 //   attention_flash_wgmma.cu:   Hopper wgmma kernel (D = 256), LILY_PREFILL_ATTN=wgmma.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#ifdef __CUDACC__  // the device part; host code (prefill_step.cpp) reads the limits only
+#include "async_copy.cuh"
+#include "device_common.cuh"
+#endif
 
 namespace lily::cuda {
 
@@ -35,6 +40,36 @@ __host__ __device__ inline int key_tiles(int qt, int tpt, int T, int pos0) {
 }
 // Key tiles per split: split s takes tiles [s * chunk, min((s + 1) * chunk, n_tiles)).
 __host__ __device__ inline int split_chunk(int n_tiles, int splits) { return (n_tiles + splits - 1) / splits; }
+
+#ifdef __CUDACC__
+// The end of a flash block for its row r (token q0 + r / G, head g * G + r % G) in this
+// thread: columns 8n + 2 quad + {0, 1} (n < D / 8) hold pair(n), the unnormalised O; m, l
+// the row's max score and full sum of exp. One split: out = O / l * sigmoid(gate) in bf16;
+// several: O and (m, l) as the split's partial result for the merge. Rows past the chunk
+// are skipped.
+template <int D, typename Pair>
+__device__ __forceinline__ void flash_store_row(const FlashParams& p, int blk, int r, int q0, int g, int quad, float m,
+                                                float l, Pair pair) {
+  const int tok = r / p.G, t = q0 + tok, h = g * p.G + r % p.G;
+  if (tok >= p.tpt || t >= p.T) return;
+  if (p.splits > 1) {
+    const size_t prow = (static_cast<size_t>(blockIdx.y) * p.blocks + blk) * kFlashRows + r;
+    float* dst = p.part_o + prow * D + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) *reinterpret_cast<float2*>(dst + 8 * n) = pair(n);
+    if (quad == 0) p.part_ml[prow] = make_float2(m, l);
+  } else {
+    const float inv = 1.0f / l;
+    const float* gate = p.proj + static_cast<size_t>(t) * p.ldp + static_cast<size_t>(h) * 2 * D + D + 2 * quad;
+    uint16_t* dst = p.out + (static_cast<size_t>(t) * p.Hq + h) * D + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const float2 gv = *reinterpret_cast<const float2*>(gate + 8 * n), o = pair(n);
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack_bf16(o.x * inv * sigmoidf_(gv.x), o.y * inv * sigmoidf_(gv.y));
+    }
+  }
+}
+#endif
 
 // The wgmma kernel's head dims (it keeps a 64 x D fp32 O per warpgroup in registers).
 inline bool flash_wgmma_supports(int D) { return D == 256; }

@@ -187,28 +187,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_wgmma_kernel(Flas
   }
   // O element 4n + 2h + e = (row r0 + 8h, column 8n + 2 quad + e).
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + 8 * h, tok = r / p.G, t = q0 + tok, head = g * p.G + r % p.G;
-    if (tok >= p.tpt || t >= p.T) continue;
-    if (p.splits > 1) {
-      const size_t prow = (static_cast<size_t>(blockIdx.y) * p.blocks + blk) * kFlashRows + r;
-      float* dst = p.part_o + prow * kD + 2 * quad;
-#pragma unroll
-      for (int n = 0; n < 32; ++n)
-        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[4 * n + 2 * h], o[4 * n + 2 * h + 1]);
-      if (quad == 0) p.part_ml[prow] = make_float2(m[h], l[h]);
-    } else {
-      const float inv = 1.0f / l[h];
-      const float* gate = p.proj + static_cast<size_t>(t) * p.ldp + static_cast<size_t>(head) * 2 * kD + kD + 2 * quad;
-      uint16_t* dst = p.out + (static_cast<size_t>(t) * p.Hq + head) * kD + 2 * quad;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        const float2 gv = *reinterpret_cast<const float2*>(gate + 8 * n);
-        *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack_bf16(o[4 * n + 2 * h] * inv * sigmoidf_(gv.x),
-                                                              o[4 * n + 2 * h + 1] * inv * sigmoidf_(gv.y));
-      }
-    }
-  }
+  for (int h = 0; h < 2; ++h)
+    flash_store_row<kD>(p, blk, r0 + 8 * h, q0, g, quad, m[h], l[h],
+                        [&](int n) { return make_float2(o[4 * n + 2 * h], o[4 * n + 2 * h + 1]); });
 }
 
 }  // namespace

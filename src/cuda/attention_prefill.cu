@@ -183,27 +183,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = r0 + 8 * i, tok = r / p.G, t = q0 + tok, h = g * p.G + r % p.G;
-    if (tok >= p.tpt || t >= p.T) continue;
-    if (p.splits > 1) {
-      const size_t prow = (static_cast<size_t>(blockIdx.y) * p.blocks + blk) * kRows + r;
-      float* dst = p.part_o + prow * D + 2 * quad;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
-      if (quad == 0) p.part_ml[prow] = make_float2(m[i], l[i]);
-    } else {
-      const float inv = 1.0f / l[i];
-      const float* gate = p.proj + static_cast<size_t>(t) * p.ldp + static_cast<size_t>(h) * 2 * D + D + 2 * quad;
-      uint16_t* dst = p.out + (static_cast<size_t>(t) * p.Hq + h) * D + 2 * quad;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float2 gv = *reinterpret_cast<const float2*>(gate + 8 * n);
-        *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-            pack_bf16(o[n][2 * i] * inv * sigmoidf_(gv.x), o[n][2 * i + 1] * inv * sigmoidf_(gv.y));
-      }
-    }
-  }
+  for (int i = 0; i < 2; ++i)
+    flash_store_row<D>(p, blk, r0 + 8 * i, q0, g, quad, m[i], l[i],
+                       [&](int n) { return make_float2(o[n][2 * i], o[n][2 * i + 1]); });
 }
 
 // One warp per output row (token t, head h): out = sum_s w_s O_s / sum_s w_s l_s * sigmoid(gate)
