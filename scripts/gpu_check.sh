@@ -55,6 +55,13 @@ declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn
                      [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
                      [LILY_PREFILL_ATTN=wgmma]="wgmma attention_prefill" [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
+suites_pass() {  # switches... : every kernel suite of each switch passed (when the kernels step ran)
+  local v suite
+  want kernels || return 0
+  for v in $1; do
+    for suite in ${VARIANTS[$v]:-}; do [ "${RC[kernels_$suite]:-1}" = 0 ] || return 1; done
+  done
+}
 run_step() {  # name timeout log command...
   local name=$1 limit=$2 log=$3
   shift 3
@@ -94,6 +101,7 @@ if [ "$pip_rc" = 0 ]; then
   if want longctx; then  # prefill at 32K and 128K with each wgmma route (their gain grows with the context)
     : > "$OUT/longctx.log"
     for cfg in "" LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma "LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma"; do
+      if ! suites_pass "$cfg"; then echo "longctx $cfg: a kernel suite failed, skipped"; continue; fi
       echo "== prefill $cfg" >> "$OUT/longctx.log"
       timeout 150 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 32768,131072 --steps 4 2>&1 | grep '^{' >> "$OUT/longctx.log"
     done
@@ -102,9 +110,7 @@ if [ "$pip_rc" = 0 ]; then
   if want variants; then
     ok=""
     for v in "${!VARIANTS[@]}"; do  # a variant competes once its kernel suite and the GPU pytest pass with it on
-      krc=0
-      for suite in ${VARIANTS[$v]}; do [ "${RC[kernels_$suite]:-1}" = 0 ] || krc=1; done
-      if [ "$krc" != 0 ]; then echo "variant $v: a suite of '${VARIANTS[$v]}' failed, skipped"; continue; fi
+      if ! suites_pass "$v"; then echo "variant $v: a suite of '${VARIANTS[$v]}' failed, skipped"; continue; fi
       timeout 120 env $v python3 -m pytest -q -x tests/test_cuda_executor.py > "$OUT/pytest_$v.log" 2>&1
       prc=$?
       echo "variant $v: kernels rc=0, pytest rc=$prc ($(tail -1 "$OUT/pytest_$v.log"))"
