@@ -181,11 +181,12 @@ std::vector<double> reference_out(const Problem& P, const std::vector<float>& K,
 
 // bf16 outputs against fp64: max |got - want| / rms(want) after excusing slack * |want|
 // (2^-8 = half a bf16 step, the output's own rounding), so what is left is accumulation
-// error. NaN (an unwritten output) fails. The kernel rounds the softmax weights P to
+// error. NaN (an unwritten output) fails. The kernels round the softmax weights P to
 // bf16 for the PV product (as FlashAttention does): relative noise up to 2^-9 per weight,
-// ~1.5e-3 RMS on average, whose maximum over 10^5..10^6 outputs reaches ~1e-2 (measured
-// in a lane-level simulation of the kernel; 2.3e-2 on the H200 at T = 1024, D = 256), hence kOutTol.
-constexpr double kOutTol = 3e-2;
+// whose worst case over 10^6 outputs is heavy-tailed: at T = 1024, D = 256 the H200
+// measured 2.3e-2 (mma.sync) and 3.2e-2 (wgmma), hence kOutTol. A misplaced element or a
+// skipped key tile errs by O(1); a small systematic error is caught by the RMS bound.
+constexpr double kOutTol = 5e-2;
 
 double bf16_err(const std::vector<uint16_t>& got, const std::vector<double>& want, double slack = 0x1p-8) {
   double ss = 0, worst = 0;
@@ -197,6 +198,21 @@ double bf16_err(const std::vector<uint16_t>& got, const std::vector<double>& wan
     worst = std::max(worst, std::max(0.0, std::fabs(g - want[i]) - slack * std::fabs(want[i])) / rms);
   }
   return worst;
+}
+
+// rms(got - want) / rms(want). The output's bf16 rounding alone gives ~2^-9 / sqrt(3) x
+// ~0.75 (the step's average position in its binade) = 8.5e-4; P's rounding adds less.
+constexpr double kOutRmsTol = 3e-3;
+
+double bf16_rms_err(const std::vector<uint16_t>& got, const std::vector<double>& want) {
+  double ss = 0, se = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = bf16_to_float(got[i]);
+    if (!std::isfinite(g)) return INFINITY;
+    ss += want[i] * want[i];
+    se += (g - want[i]) * (g - want[i]);
+  }
+  return std::sqrt(se / (ss + 1e-300));
 }
 
 // Distance in bf16 steps between a stored value and the rounded reference (NaN: huge).
@@ -270,7 +286,9 @@ void test_prefill(Shape s, int T, int pos0, uint64_t seed) {
   prefill(P, d, 0, T);
   const auto K = d.cache(d.k, P), V = d.cache(d.v, P);
   const auto out = from_dev(d.out, static_cast<size_t>(T) * s.Hq * s.D);
-  report(label(P) + ": output", bf16_err(out, reference_out(P, to_float(K), to_float(V), 0, T, true)), kOutTol);
+  const auto want = reference_out(P, to_float(K), to_float(V), 0, T, true);
+  report(label(P) + ": output", bf16_err(out, want), kOutTol);
+  report("  output RMS error", bf16_rms_err(out, want), kOutRmsTol);
   check_cache(P, K, V);
 }
 
