@@ -12,8 +12,9 @@
 // tile j computes). Key tiles past a block's last query are never visited; only tiles
 // that reach past its first query are masked.
 //
-// LILY_PREFILL_ATTN=wgmma runs step 2 on the Hopper warpgroup-MMA kernel instead
-// (attention_flash_wgmma.cu, D = 256); both share attention_flash.h and this merge.
+// For D = 256 step 2 runs on the Hopper warpgroup-MMA kernel instead
+// (attention_flash_wgmma.cu; 511 vs 293 TFLOP/s at position 127K on the H200, perf-log P5);
+// both share attention_flash.h and this merge.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -252,13 +253,14 @@ void launch_merge(const FlashParams& p, cudaStream_t stream) {
   launch("attention_prefill_merge", attention_merge_kernel<D>, dim3((p.T * p.Hq + 7) / 8), dim3(256), 0, stream, p);
 }
 
-// LILY_PREFILL_ATTN picks the flash kernel: "mma" (mma.sync, every head dim; the default,
-// also when unset or empty) or "wgmma" (Hopper warpgroup MMA, D = 256 only: other head
-// dims are refused rather than silently run on mma.sync). Read on every call, so a
-// benchmark or test may switch it between calls.
+// LILY_PREFILL_ATTN picks the flash kernel: unset or empty = by head dim (wgmma where it
+// has a kernel, D = 256), "mma" (mma.sync, every head dim) or "wgmma" (other head dims
+// are refused rather than silently run on mma.sync). Read on every call, so a benchmark
+// or test may switch it between calls.
 bool use_wgmma(int D) {
   const char* v = std::getenv("LILY_PREFILL_ATTN");
-  if (!v || !*v || !std::strcmp(v, "mma")) return false;
+  if (!v || !*v) return flash_wgmma_supports(D);
+  if (!std::strcmp(v, "mma")) return false;
   if (std::strcmp(v, "wgmma")) fail("LILY_PREFILL_ATTN must be 'mma' or 'wgmma', got '", v, "'");
   if (!flash_wgmma_supports(D))
     fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, got ", std::to_string(D));

@@ -66,6 +66,7 @@ int dense_tile_rows(int T, const PrefillOptions& opt) {
 }  // namespace
 
 PrefillOptions PrefillOptions::from_env(const ModelConfig& c) {
+  using Gemm = PrefillOptions::Gemm;
   PrefillOptions o;
   o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0, 0, 128);
   o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0, 0, 128);
@@ -75,10 +76,10 @@ PrefillOptions PrefillOptions::from_env(const ModelConfig& c) {
   o.host_routing = env_flag("LILY_PREFILL_HOST_ROUTING", false);
   o.profile = env_flag("LILY_PREFILL_PROFILE", false);
   if (const char* g = std::getenv("LILY_PREFILL_GEMM"); g && *g) {
-    if (std::strcmp(g, "bf16w") != 0 && std::strcmp(g, "exact") != 0 && std::strcmp(g, "wgmma") != 0)
-      fail("LILY_PREFILL_GEMM must be 'exact', 'bf16w' or 'wgmma', got '", g, "'");
-    o.gemm_bf16w = std::strcmp(g, "exact") != 0;
-    o.gemm_wgmma = std::strcmp(g, "wgmma") == 0;
+    if (std::strcmp(g, "bf16w") == 0) o.gemm = Gemm::Bf16w;
+    else if (std::strcmp(g, "exact") == 0) o.gemm = Gemm::Exact;
+    else if (std::strcmp(g, "wgmma") == 0) o.gemm = Gemm::Wgmma;
+    else fail("LILY_PREFILL_GEMM must be 'exact', 'bf16w' or 'wgmma', got '", g, "'");
   }
   // attention_prefill reads LILY_PREFILL_ATTN itself on every call (tests and the registry
   // switch it per call); refused here first, so a bad setting fails the engine's load
@@ -209,9 +210,15 @@ struct Chunk {
     g.x = x;
     g.ldx = ldx;
     g.M = rows;
-    g.weights_bf16 = opt.gemm_bf16w;
-    g.wgmma = opt.gemm_wgmma;
+    g.weights_bf16 = opt.gemm_bf16w();
+    g.wgmma = opt.gemm_wgmma_grouped();
     return g;
+  }
+  // A dense GEMM over the chunk's T rows: 128 x 256 wgmma blocks where they pay
+  // (PrefillOptions::gemm_wgmma_dense), else mma.sync tiles of dense_tile rows.
+  void dense(GemmArgs g) const {
+    g.wgmma = opt.gemm_wgmma_dense(g.W.cols, T);
+    qgemm(g, g.wgmma && !opt.dense_tile ? 128 : dense_tile, stream);
   }
   // y [T][ldy] = x Wᵀ (Store) or h += x Wᵀ (Add, y = h).
   void project(const QMat& Wm, const uint16_t* x, int ldx, float* y, int ldy, GemmEpilogue epi) const {
@@ -219,7 +226,7 @@ struct Chunk {
     g.epi = epi;
     g.y = y;
     g.ldy = ldy;
-    qgemm(g, dense_tile, stream);
+    dense(g);
   }
 };
 
@@ -385,7 +392,7 @@ void moe_block(const Chunk& k, const DeviceLayer& L) {
   sgu.act = ws.act_shared;
   sgu.ldy = Is;
   sgu.swiglu_inter = Is;
-  qgemm(sgu, k.dense_tile, k.stream);
+  k.dense(sgu);
   k.project(m.shared_down, ws.act_shared, Is, ws.y_shared, k.H, GemmEpilogue::Store);
   k.mark("moe shared expert");
   moe_combine(ws.h, ws.y_slots, ws.y_shared, ws.shared_logit, k.T, k.H, top_k, k.stream);

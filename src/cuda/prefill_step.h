@@ -28,14 +28,22 @@ struct PrefillOptions {
   // Chunk lengths 64..4096 on the H200 (perf-log P4): the scan 7.5 % / 3.9 % faster at 64 / 128,
   // even at 256-512, the chunked form 5.5 % / 2.5 % faster at 1K / 4K.
   static constexpr int kGdnChunkedMinTokens = 1024;
-  // LILY_PREFILL_GEMM=exact|bf16w: scale and bias folded per group in fp32 (exact), or the
-  // weights rounded once to bf16 in registers with one accumulator over K (as MLX's GPU
-  // kernels compute; 1.30x faster end to end at 4K, perf-log P3). Default bf16w.
-  // LILY_PREFILL_GEMM=wgmma: the bf16w maths on Hopper warpgroup MMA (qgemm_wgmma.cu, sm_90a;
-  // tile_m 128 runs 128 x 256 blocks, smaller tiles 64 x 128: LILY_PREFILL_DENSE_TILE=128
-  // picks the large blocks for the dense GEMMs). Unmeasured; default stays bf16w.
-  bool gemm_bf16w = true;
-  bool gemm_wgmma = false;
+  // LILY_PREFILL_GEMM=exact|bf16w|wgmma: scale and bias folded per group in fp32 (exact),
+  // or the weights rounded once to bf16 in registers with one accumulator over K (bf16w,
+  // as MLX's GPU kernels compute; 1.30x faster end to end at 4K, perf-log P3) on mma.sync,
+  // or the bf16w maths on Hopper warpgroup MMA (qgemm_wgmma.cu, sm_90a) for every GEMM.
+  // Unset: bf16w, on wgmma with 128 x 256 blocks for the dense GEMMs where that measured
+  // faster at 4K on the H200 (perf-log P5): K >= 2048 (in-projections 7-17 %, out-
+  // projections 12 %, shared gate/up 15 %; the K = 512 shared down is 39 % slower) in
+  // chunks of kWgmmaMinTokens or more. The grouped expert GEMMs stay on mma.sync (wgmma's
+  // 64 x 128 blocks are 13-23 % slower there).
+  enum class Gemm { ByShape, Exact, Bf16w, Wgmma } gemm = Gemm::ByShape;
+  static constexpr int kWgmmaMinK = 2048, kWgmmaMinTokens = 256;
+  bool gemm_bf16w() const { return gemm != Gemm::Exact; }
+  bool gemm_wgmma_dense(int K, int T) const {
+    return gemm == Gemm::Wgmma || (gemm == Gemm::ByShape && K >= kWgmmaMinK && T >= kWgmmaMinTokens);
+  }
+  bool gemm_wgmma_grouped() const { return gemm == Gemm::Wgmma; }
   bool gdn_chunked(int T) const { return gdn == Gdn::Chunked || (gdn == Gdn::ByLength && T >= kGdnChunkedMinTokens); }
   // LILY_PREFILL_* of the environment, each refused with its name when malformed or unfit for `c`.
   static PrefillOptions from_env(const ModelConfig& c);

@@ -247,9 +247,9 @@ class ScopedRoute {
 
 std::string label(const Problem& P) {
   char s[140];
-  const char* route = std::getenv("LILY_PREFILL_ATTN");
-  std::snprintf(s, sizeof s, "attention prefill%s%s Hq%d Hkv%d D%d, T %d at pos0 %d", route && *route ? " " : "",
-                route && *route ? route : "", P.s.Hq, P.s.Hkv, P.s.D, P.T, P.pos0);
+  const char* route = std::getenv("LILY_PREFILL_ATTN");  // set empty: the default route
+  std::snprintf(s, sizeof s, "attention prefill %s Hq%d Hkv%d D%d, T %d at pos0 %d",
+                !route ? "" : *route ? route : "default", P.s.Hq, P.s.Hkv, P.s.D, P.T, P.pos0);
   return s;
 }
 
@@ -362,18 +362,26 @@ void test_decode_after(Shape s, int T, int pos0, uint64_t seed) {
 void run_attention_prefill_tests() {
   const Shape small{4, 2, 64}, real{16, 2, 256}, single{8, 1, 128};
   uint64_t seed = 300;
-  for (const Shape& s : {small, real, single})
-    for (int pos0 : {0, 1000})
-      for (int T : {1, 7, 64, 100, 257}) test_prefill(s, T, pos0, ++seed);
-  test_prefill({6, 2, 64}, 100, 1000, ++seed);   // G = 3: 42 tokens, 126 of a block's 128 rows
-  test_prefill({2, 2, 64}, 257, 1000, ++seed);   // G = 1: 128 tokens per block
-  test_prefill({16, 1, 64}, 100, 1000, ++seed);  // G = 16: 8 tokens per block
-  test_prefill(real, 1024, 0, ++seed);           // 128 blocks of 1 .. 16 key tiles, no split
-  test_prefill(real, 64, 40000, ++seed);         // long cache: key splits merged by log-sum-exp
-  test_chunked(real, 257, 1000, 100, ++seed);
-  test_chunked(small, 100, 0, 37, ++seed);
-  test_decode_after(real, 101, 1000, ++seed);
-  test_decode_after(single, 65, 0, ++seed);
+  {
+    const ScopedRoute mma("mma");  // D = 256 would take the wgmma kernel by default
+    for (const Shape& s : {small, real, single})
+      for (int pos0 : {0, 1000})
+        for (int T : {1, 7, 64, 100, 257}) test_prefill(s, T, pos0, ++seed);
+    test_prefill({6, 2, 64}, 100, 1000, ++seed);   // G = 3: 42 tokens, 126 of a block's 128 rows
+    test_prefill({2, 2, 64}, 257, 1000, ++seed);   // G = 1: 128 tokens per block
+    test_prefill({16, 1, 64}, 100, 1000, ++seed);  // G = 16: 8 tokens per block
+    test_prefill(real, 1024, 0, ++seed);           // 128 blocks of 1 .. 16 key tiles, no split
+    test_prefill(real, 64, 40000, ++seed);         // long cache: key splits merged by log-sum-exp
+    test_chunked(real, 257, 1000, 100, ++seed);
+    test_chunked(small, 100, 0, 37, ++seed);
+    test_decode_after(real, 101, 1000, ++seed);
+    test_decode_after(single, 65, 0, ++seed);
+  }
+  {
+    const ScopedRoute by_head_dim("");  // the default: D = 64 on mma.sync, D = 256 on wgmma
+    test_prefill(small, 100, 1000, ++seed);
+    test_prefill(real, 100, 1000, ++seed);
+  }
 
   // The wgmma kernel (D = 256) on the same comparisons and thresholds.
   const ScopedRoute wgmma("wgmma");
