@@ -38,7 +38,7 @@ struct PrefillOptions {
   // chunks of kWgmmaMinTokens or more. The grouped expert GEMMs stay on mma.sync (wgmma's
   // 64 x 128 blocks are 13-23 % slower there).
   enum class Gemm { ByShape, Exact, Bf16w, Wgmma } gemm = Gemm::ByShape;
-  static constexpr int kWgmmaMinK = 2048, kWgmmaMinTokens = 256;
+  static constexpr int kWgmmaMinK = 2048, kWgmmaMinTokens = 2048;
   bool gemm_bf16w() const { return gemm != Gemm::Exact; }
   bool gemm_wgmma_dense(int K, int T) const {
     return gemm == Gemm::Wgmma || (gemm == Gemm::ByShape && K >= kWgmmaMinK && T >= kWgmmaMinTokens);
