@@ -155,10 +155,10 @@ def test_changed_token_digest_refuses_the_arm(monkeypatch, tmp_path):
 # ---- random weights ------------------------------------------------------------------------
 
 
-def _random_engine(tmp_path, seed, **overrides):
+def _random_engine(tmp_path, seed, style="plain", **overrides):
     path = tmp_path / f"config-{seed}.json"
     path.write_text(json.dumps(synthetic.tiny_config(**overrides)))
-    return _lily.Engine.random(str(path), "cpu", seed, 512)
+    return _lily.Engine.random(str(path), "cpu", seed, 512, style)
 
 
 def _logits(engine, n=24):
@@ -174,6 +174,20 @@ def test_random_weights_are_deterministic_finite_and_shaped_like_a_checkpoint(tm
     assert np.isfinite(la).all() and 0.3 < la.std(axis=-1).mean() < 3
     assert len(np.unique(la.argmax(axis=-1))) > 4  # not collapsed onto one token
     assert a.weight_bytes == _lily.Engine(str(tiny_mlx_dir), "cpu", 512).weight_bytes
+
+
+def test_conditioned_random_weights_differ_from_plain_and_are_deterministic(tmp_path):
+    a, b = (_random_engine(tmp_path, 7, "conditioned") for _ in range(2))
+    plain = _random_engine(tmp_path, 7)
+    assert a.source_layout == "random (conditioned)" and a.weight_bytes == plain.weight_bytes
+    la, lb, lp = _logits(a), _logits(b), _logits(plain)
+    assert np.array_equal(la, lb) and not np.array_equal(la, lp)
+    assert np.isfinite(la).all() and 0.3 < la.std(axis=-1).mean() < 3
+
+
+def test_random_weights_refuse_an_unknown_style(tmp_path):
+    with pytest.raises(Exception, match="style must be 'plain' or 'conditioned', got 'trained'"):
+        _random_engine(tmp_path, 7, "trained")
 
 
 def test_random_weights_stay_finite_through_40_layers(tmp_path):

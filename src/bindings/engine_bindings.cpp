@@ -216,8 +216,8 @@ class PyEngine {
 
   // Random weights for config.json at `config_path` (benchmarks; no checkpoint file).
   static PyEngine* random(const std::string& config_path, const std::string& device, uint64_t seed,
-                          int64_t prefill_chunk) {
-    return new PyEngine([&] { return ModelWeights::random(config_path, seed); }, device, prefill_chunk);
+                          int64_t prefill_chunk, const std::string& style) {
+    return new PyEngine([&] { return ModelWeights::random(config_path, seed, style); }, device, prefill_chunk);
   }
 
   std::shared_ptr<PySession> new_session(int64_t max_context) {
@@ -370,7 +370,8 @@ void register_engine(nb::module_& m) {
       .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
            nb::arg("prefill_chunk") = 0)
       .def_static("random", &PyEngine::random, nb::arg("config_path"), nb::arg("device") = "auto",
-                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 0, nb::rv_policy::take_ownership)
+                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 0, nb::arg("style") = "plain",
+                  nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),

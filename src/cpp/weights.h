@@ -86,7 +86,7 @@ struct LoadOptions {
 
 struct ModelWeights {
   ModelConfig config;
-  std::string source_layout;  // "mlx" or "hf"
+  std::string source_layout;  // "mlx", "hf", "random" or "random (conditioned)"
   QWeight embed;              // [V, H]
   QWeight lm_head;            // [V, H]; the embedding when tie_word_embeddings
   Dense final_norm;           // [H], 1 + w
@@ -99,7 +99,10 @@ struct ModelWeights {
   // Random weights for a config (benchmarks at full size without a 19 GB file):
   // random 4-bit codes with bf16 scales and biases chosen so activations stay finite.
   // config_path is a config.json; the weights come from `seed` alone.
-  static std::shared_ptr<ModelWeights> random(const std::string& config_path, uint64_t seed);
+  // style "plain" gives every matrix spread 1/sqrt(fan_in); "conditioned" shapes them like
+  // a trained model's (confident router, depth-scaled residual branches: weights_random.cpp).
+  static std::shared_ptr<ModelWeights> random(const std::string& config_path, uint64_t seed,
+                                              const std::string& style = "plain");
 
   // Writes the weights as an MLX affine checkpoint (the tensors mlx_lm.convert writes).
   void save_mlx(const std::string& out_dir, int64_t max_shard_bytes) const;

@@ -10,6 +10,16 @@
 // jittered by +-20%, signed at random (MLX scales may be negative; kernels must cope),
 // and the bias offset by up to +-10% of the spread, so no two groups are alike.
 //
+// That "plain" stack is chaotic when deep: its router logits have RMS ~1, so the 8th and
+// 9th of 256 experts sit ~0.05 apart and the 8th still carries ~9 % of the mix; rounding
+// flips experts, and every residual branch adds as much as the stream holds, so the flips
+// compound over 40 layers (docs/perf-log.md: even fp32 decode drifts to 75 % top-1 against
+// the CPU). Style "conditioned" shapes the weights like a trained model's instead:
+// router logits of RMS kRouterLogitRms (a confident router: the 8th expert weighs ~2 % of
+// the 1st) and residual-branch outputs (GDN out_proj, o_proj, expert and shared down)
+// scaled by 1/sqrt(2 layers), the depth scaling of GPT-2's initialisation, so a change
+// early in the stack stays as small as it began.
+//
 // Each value comes from a counter-based generator, splitmix64 of (seed, tensor, index):
 // any thread may fill any range, and the weights depend on the seed alone.
 #include <cmath>
@@ -39,9 +49,12 @@ struct Stream {
   static float unit(uint64_t r, int shift) { return static_cast<float>((r >> shift) & 0xffffff) * 0x1p-24f; }
 };
 
+constexpr float kRouterLogitRms = 4;
+
 class RandomWeights {
  public:
-  RandomWeights(ModelWeights& w, uint64_t seed) : w_(w), seed_key_(splitmix64(seed)) {}
+  RandomWeights(ModelWeights& w, uint64_t seed, bool conditioned)
+      : w_(w), seed_key_(splitmix64(seed)), conditioned_(conditioned) {}
 
   void build() {
     const ModelConfig& c = w_.config;
@@ -57,6 +70,7 @@ class RandomWeights {
  private:
   ModelWeights& w_;
   uint64_t seed_key_;
+  bool conditioned_;
   uint64_t tensors_ = 0;
 
   Stream next_stream() { return Stream{splitmix64(seed_key_ ^ splitmix64(++tensors_))}; }
@@ -150,6 +164,12 @@ class RandomWeights {
   // RMSNorm multipliers (the +1 already applied, as MLX stores them): about 1.
   Dense norm(int64_t n) { return uniform({n}, 0.9f, 1.1f); }
 
+  // Spread of a residual branch's output projection with fan-in `cols`.
+  float branch_out(int64_t cols) const {
+    const float plain = 1 / std::sqrt(static_cast<float>(cols));
+    return conditioned_ ? plain / std::sqrt(2.0f * static_cast<float>(w_.config.num_hidden_layers)) : plain;
+  }
+
   void build_layer(int64_t i) {
     const ModelConfig& c = w_.config;
     const int64_t H = c.hidden_size;
@@ -167,7 +187,7 @@ class RandomWeights {
       g.in_proj_z = linear(a + "in_proj_z", 1, vdim, H);
       g.in_proj_b = linear(a + "in_proj_b", 1, Hv, H);
       g.in_proj_a = linear(a + "in_proj_a", 1, Hv, H);
-      g.out_proj = linear(a + "out_proj", 1, H, vdim);
+      g.out_proj = linear(a + "out_proj", 1, H, vdim, branch_out(vdim));
       // Spread 1/sqrt(Kc) keeps the convolved q, k, v at the scale of their input.
       const float tap = std::sqrt(3.0f / static_cast<float>(Kc));
       g.conv1d = uniform({conv, Kc, 1}, -tap, tap);
@@ -181,31 +201,34 @@ class RandomWeights {
       t.q_proj = linear(a + "q_proj", 1, 2 * c.attn_q_dim(), H);
       t.k_proj = linear(a + "k_proj", 1, c.attn_kv_dim(), H);
       t.v_proj = linear(a + "v_proj", 1, c.attn_kv_dim(), H);
-      t.o_proj = linear(a + "o_proj", 1, H, c.attn_q_dim());
+      t.o_proj = linear(a + "o_proj", 1, H, c.attn_q_dim(), branch_out(c.attn_q_dim()));
       t.q_norm = norm(c.head_dim);
       t.k_norm = norm(c.head_dim);
     }
     const std::string m = p + "mlp.";
     const int64_t E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
     MoeWeights& moe = L.moe;
-    moe.router = linear(m + "gate", 1, E, H);
+    moe.router = linear(m + "gate", 1, E, H, (conditioned_ ? kRouterLogitRms : 1.0f) / std::sqrt(float(H)));
     moe.shared_expert_gate = linear(m + "shared_expert_gate", 1, 1, H);
     moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 1, Is, H);
     moe.shared_up_proj = linear(m + "shared_expert.up_proj", 1, Is, H);
-    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 1, H, Is);
+    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 1, H, Is, branch_out(Is));
     moe.gate_proj = linear(m + "switch_mlp.gate_proj", E, I, H);
     moe.up_proj = linear(m + "switch_mlp.up_proj", E, I, H);
-    moe.down_proj = linear(m + "switch_mlp.down_proj", E, H, I);
+    moe.down_proj = linear(m + "switch_mlp.down_proj", E, H, I, branch_out(I));
   }
 };
 
 }  // namespace
 
-std::shared_ptr<ModelWeights> ModelWeights::random(const std::string& config_path, uint64_t seed) {
+std::shared_ptr<ModelWeights> ModelWeights::random(const std::string& config_path, uint64_t seed,
+                                                   const std::string& style) {
+  if (style != "plain" && style != "conditioned")
+    fail("random weights: style must be 'plain' or 'conditioned', got '", style, "'");
   auto w = std::make_shared<ModelWeights>();
   w->config = ModelConfig::from_file(config_path);
-  w->source_layout = "random";
-  RandomWeights(*w, seed).build();
+  w->source_layout = style == "plain" ? "random" : "random (conditioned)";
+  RandomWeights(*w, seed, style == "conditioned").build();
   return w;
 }
 
