@@ -10,7 +10,8 @@
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
-#   longctx      prefill at 32K and 128K with the wgmma attention / GEMM routes on and off
+#   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
+#                with their mma.sync alternatives
 #   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
 #                with it switched on, prefill/decode at 4K; the fastest correct ones are
 #                then switched on for the bench step (scripts/pick_variants.py)
@@ -53,7 +54,8 @@ export PYTHONPATH=/tmp/lily
 # switch -> kernel suites that must pass for it to compete
 declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
                      [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
-                     [LILY_PREFILL_ATTN=wgmma]="wgmma attention_prefill" [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
+                     [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qgemm
+                     [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
 suites_pass() {  # switches... : every kernel suite of each switch passed (when the kernels step ran)
   local v suite
@@ -98,9 +100,9 @@ if [ "$pip_rc" = 0 ]; then
         --steps 4 2>&1 | grep '^{' >> "$OUT/gdnrule.log"
     done
   fi
-  if want longctx; then  # prefill at 32K and 128K with each wgmma route (their gain grows with the context)
+  if want longctx; then  # prefill at 32K and 128K with each route (the attention's share grows with the context)
     : > "$OUT/longctx.log"
-    for cfg in "" LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma "LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma"; do
+    for cfg in "" LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w "LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w"; do
       if ! suites_pass "$cfg"; then echo "longctx $cfg: a kernel suite failed, skipped"; continue; fi
       echo "== prefill $cfg" >> "$OUT/longctx.log"
       timeout 150 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 32768,131072 --steps 4 2>&1 | grep '^{' >> "$OUT/longctx.log"
@@ -118,8 +120,8 @@ if [ "$pip_rc" = 0 ]; then
     done
     competes() { local w; for w in $1; do [[ ,$ok, == *",$w,"* || $w == LILY_PREFILL_*_TILE=* ]] || return 1; done; }
     : > "$OUT/variants.log"
-    for cfg in "" LILY_PREFILL_GEMM=exact LILY_PREFILL_GDN=scan LILY_PREFILL_DENSE_TILE=128 LILY_PREFILL_ATTN=wgmma \
-               LILY_PREFILL_GEMM=wgmma "LILY_PREFILL_ATTN=wgmma LILY_PREFILL_GEMM=wgmma"; do
+    for cfg in "" LILY_PREFILL_GEMM=exact LILY_PREFILL_GDN=scan LILY_PREFILL_DENSE_TILE=128 LILY_PREFILL_ATTN=mma \
+               LILY_PREFILL_GEMM=bf16w LILY_PREFILL_GEMM=wgmma; do
       competes "$cfg" || continue
       echo "== prefill $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"

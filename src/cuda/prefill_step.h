@@ -33,9 +33,10 @@ struct PrefillOptions {
   // as MLX's GPU kernels compute; 1.30x faster end to end at 4K, perf-log P3) on mma.sync,
   // or the bf16w maths on Hopper warpgroup MMA (qgemm_wgmma.cu, sm_90a) for every GEMM.
   // Unset: bf16w, on wgmma with 128 x 256 blocks for the dense GEMMs where that measured
-  // faster at 4K on the H200 (perf-log P5): K >= 2048 (in-projections 7-17 %, out-
+  // faster at 4K on the H200 (perf-log P5): K >= 2048 (in-projections 6-7 %, out-
   // projections 12 %, shared gate/up 15 %; the K = 512 shared down is 39 % slower) in
-  // chunks of kWgmmaMinTokens or more. The grouped expert GEMMs stay on mma.sync (wgmma's
+  // chunks of kWgmmaMinTokens or more (chunks of 512: 12 % slower end to end, 1K: even,
+  // 2K and 4K: 3 % faster). The grouped expert GEMMs stay on mma.sync (wgmma's
   // 64 x 128 blocks are 13-23 % slower there).
   enum class Gemm { ByShape, Exact, Bf16w, Wgmma } gemm = Gemm::ByShape;
   static constexpr int kWgmmaMinK = 2048, kWgmmaMinTokens = 2048;
