@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m[i], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: keep exp finite
       const float sub = m_use * kLog2e;
@@ -221,10 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   // Merge the warps: each rescales its O to the block max of a row, writes it to its
   // slab [warp][row][SS]; the sum over slabs runs in warp order (deterministic).
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
+  for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
   if (quad == 0)
 #pragma unroll
     for (int i = 0; i < 2; ++i) m_s[warp][gid + 8 * i] = m[i], l_s[warp][gid + 8 * i] = l[i];

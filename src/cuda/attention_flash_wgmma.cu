@@ -140,8 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_wgmma_kernel(Flas
       float mx = -INFINITY;
 #pragma unroll
       for (int i = 0; i < 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: keep exp finite
       const float corr = exp2f((m[h] - m_use) * kFlashLog2e), sub = m_use * kFlashLog2e;
@@ -181,10 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_wgmma_kernel(Flas
   pdl_trigger();
 
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
+  for (int h = 0; h < 2; ++h) l[h] = quad_sum(l[h]);
   // O element 4n + 2h + e = (row r0 + 8h, column 8n + 2 quad + e).
 #pragma unroll
   for (int h = 0; h < 2; ++h)

@@ -140,8 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
       float mx = -INFINITY;
 #pragma unroll
       for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m[i], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: keep exp finite
       const float corr = exp2f((m[i] - m_use) * kLog2e), sub = m_use * kLog2e;
@@ -179,10 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
   pdl_trigger();
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
+  for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
 #pragma unroll
   for (int i = 0; i < 2; ++i)
     flash_store_row<D>(p, blk, r0 + 8 * i, q0, g, quad, m[i], l[i],

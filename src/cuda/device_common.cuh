@@ -27,6 +27,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Over the 4 lanes of a quad (lanes 4i .. 4i+3, which hold one row of an mma fragment).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
 // Sum over the block; `red` holds >= 32 floats of shared memory. All threads get the result.
 __device__ __forceinline__ float block_sum(float v, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

@@ -50,25 +50,16 @@ __global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgem
   float* xsum_s = reinterpret_cast<float*>(smem + S * T::kStageBytes);  // [2][BM], group g in g & 1
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2;
   const int wn = warp % T::kWarpsN, wm = warp / T::kWarpsN;
-  const int G = a.W.cols / 64, n_rb = (a.W.rows + 15) / 16;
-  const bool grouped = a.tiles != nullptr;
+  const int G = a.W.cols / 64;
 
   pdl_wait();
-  int expert, row0, rows;
-  if (!block_rows<BM>(a, expert, row0, rows)) return;
-  const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
-  const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
-  const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
-  auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
+  BlockSpan span;
+  if (!block_span<BM>(a, T::kBlocks, span)) return;
 
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const StagePlan<T> plan(a, tid, rb0, row0, rows, G, block_ok);
+  const StagePlan<T> plan(a, tid, span, G);
 
-  // Stage of group g (always one commit group, so wait counts stay uniform).
-  auto load_stage = [&](int g) {
-    if (g < G) plan.load(a, smem0 + (g % S) * T::kStageBytes, tid, g);
-    cp_async_commit();
-  };
+  auto load_stage = [&](int g) { plan.stage(a, smem0, tid, g, G); };
 
   // xsum of group g on the tensor cores: X rows as the A operand times a B of ones;
   // warp w sums rows 16w .. 16w+15 (ldmatrix.x4 of a 16x16 block is an A fragment).
@@ -181,7 +172,7 @@ __global__ void __launch_bounds__(Tile<BM>::kThreads, Tile<BM>::kMinBlocks) qgem
   cp_async_wait<0>();  // only empty groups remain
   pdl_trigger();
 
-  store_tile<kRB, kNT>(a, acc, row0, rows, lb0, n_feat, wn, wm, lane);
+  store_tile<kRB, kNT>(a, acc, span, wn, wm, lane);
 }
 
 template <int BM>

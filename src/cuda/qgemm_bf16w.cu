@@ -53,25 +53,16 @@ __global__ void __launch_bounds__(TileW<BM>::kThreads, TileW<BM>::kMinBlocks) qg
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2;
   const int wn = warp % T::kWarpsN, wm = warp / T::kWarpsN;
-  const int G = a.W.cols / 64, n_rb = (a.W.rows + 15) / 16;
-  const bool grouped = a.tiles != nullptr;
+  const int G = a.W.cols / 64;
 
   pdl_wait();
-  int expert, row0, rows;
-  if (!block_rows<BM>(a, expert, row0, rows)) return;
-  const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
-  const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
-  const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
-  auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
+  BlockSpan span;
+  if (!block_span<BM>(a, T::kBlocks, span)) return;
 
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const StagePlan<T> plan(a, tid, rb0, row0, rows, G, block_ok);
+  const StagePlan<T> plan(a, tid, span, G);
 
-  // Stage of group g (always one commit group, so wait counts stay uniform).
-  auto load_stage = [&](int g) {
-    if (g < G) plan.load(a, smem0 + (g % S) * T::kStageBytes, tid, g);
-    cp_async_commit();
-  };
+  auto load_stage = [&](int g) { plan.stage(a, smem0, tid, g, G); };
 
   // B fragments of n-tiles (2p, 2p+1) at k-step j: one ldmatrix.x4 of X rows
   // 8 wm kNT + 16p + (lane & 7) + 8 (lane >> 4), columns 16j + 8 ((lane >> 3) & 1).
@@ -129,7 +120,7 @@ __global__ void __launch_bounds__(TileW<BM>::kThreads, TileW<BM>::kMinBlocks) qg
   cp_async_wait<0>();  // only empty groups remain
   pdl_trigger();
 
-  store_tile<kRB, kNT>(a, acc, row0, rows, lb0, n_feat, wn, wm, lane);
+  store_tile<kRB, kNT>(a, acc, span, wn, wm, lane);
 }
 
 template <int BM>

@@ -42,22 +42,37 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
-// The GEMM rows of this block (blockIdx.y): a row tile (dense), or the tile list entry
-// {expert, row0, rows} (grouped). False: nothing to do (past *n_tiles, or no rows).
-// clip: the most rows of a grouped tile (the tile_m its list was built for, <= BM).
+// What one block works on: GEMM rows row0 .. row0 + rows - 1 (a row tile of blockIdx.y
+// when dense, tile-list entry {expert, row0, rows} when grouped) against the weight row
+// blocks lb0, lb0 + 1, ... (blockIdx.x) of the expert's matrix of n_feat features, i.e.
+// rb0, rb0 + 1, ... of W's n_rb.
+struct BlockSpan {
+  int expert = 0, row0 = 0, rows = 0, n_feat = 0, lb0 = 0, rb0 = 0, n_rb = 0;
+  // Row block lb of the tile exists (in the expert's matrix and in W).
+  __device__ __forceinline__ bool has_block(int lb) const {
+    return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb;
+  }
+};
+
+// The span of this block, with blocks_per_tile row blocks per feature tile. False:
+// nothing to do (past *n_tiles, or no rows). clip: the most rows of a grouped tile (the
+// tile_m its list was built for, <= BM).
 template <int BM>
-__device__ __forceinline__ bool block_rows(const GemmArgs& a, int& expert, int& row0, int& rows, int clip = BM) {
-  expert = 0;
-  row0 = blockIdx.y * BM;
-  rows = min(BM, a.M - row0);
+__device__ __forceinline__ bool block_span(const GemmArgs& a, int blocks_per_tile, BlockSpan& s, int clip = BM) {
+  s.row0 = blockIdx.y * BM;
+  s.rows = min(BM, a.M - s.row0);
   if (a.tiles != nullptr) {
     if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return false;
     const int4 t = a.tiles[blockIdx.y];
-    expert = t.x;
-    row0 = t.y;
-    rows = min(min(t.z, clip), a.M - t.y);
+    s.expert = t.x;
+    s.row0 = t.y;
+    s.rows = min(min(t.z, clip), a.M - t.y);
   }
-  return row0 >= 0 && rows > 0;
+  s.n_feat = a.tiles ? a.expert_rows : a.W.rows;
+  s.lb0 = blockIdx.x * blocks_per_tile;
+  s.rb0 = s.expert * (a.expert_rows / 16) + s.lb0;
+  s.n_rb = (a.W.rows + 15) / 16;
+  return s.row0 >= 0 && s.rows > 0;
 }
 
 // A block's cp.async plan, the same for all three kernels (T: their tile constants): per
@@ -72,21 +87,25 @@ struct StagePlan {
   int sb_off = -1;               // threads < kSbThreads: uint32 of W.sb, 4 of a block's 16 words
   int x_row[T::kXCopies];        // X row of this thread's chunks (stage layout [row][8 chunks of 8 bf16])
 
-  // block_ok(lb): row block lb of the tile exists; rb0: the tile's first row block in W.
-  template <class BlockOk>
-  __device__ __forceinline__ StagePlan(const GemmArgs& a, int tid, int rb0, int row0, int rows, int G,
-                                       BlockOk block_ok) {
+  __device__ __forceinline__ StagePlan(const GemmArgs& a, int tid, const BlockSpan& s, int G) {
 #pragma unroll
     for (int i = 0; i < T::kCodeCopies; ++i) {
       const int c = tid + i * T::kThreads, lb = c >> 5;  // stage layout [block][lane] uint4
-      code_off[i] = block_ok(lb) ? (rb0 + lb) * G * 32 + (c & 31) : -1;
+      code_off[i] = s.has_block(lb) ? (s.rb0 + lb) * G * 32 + (c & 31) : -1;
     }
-    if (tid < T::kSbThreads && block_ok(tid >> 2)) sb_off = (rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
+    if (tid < T::kSbThreads && s.has_block(tid >> 2)) sb_off = (s.rb0 + (tid >> 2)) * G * 16 + 4 * (tid & 3);
 #pragma unroll
     for (int i = 0; i < T::kXCopies; ++i) {
       const int r = (tid + i * T::kThreads) >> 3;
-      x_row[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
+      x_row[i] = r < s.rows ? (a.x_rows ? a.x_rows[s.row0 + r] : s.row0 + r) : -1;
     }
+  }
+
+  // Group g (< G) into its stage of the S-stage ring at shared address smem0, as one
+  // commit group; past G an empty one, so wait counts stay uniform.
+  __device__ __forceinline__ void stage(const GemmArgs& a, uint32_t smem0, int tid, int g, int G) const {
+    if (g < G) load(a, smem0 + (g % T::kStages) * T::kStageBytes, tid, g);
+    cp_async_commit();
   }
 
   // Issues the copies of group g into the stage at shared address st (no commit).
@@ -114,11 +133,11 @@ struct StagePlan {
 
 // The epilogue of both kernels. Lane (gid = lane / 4, t = lane % 4) of warp (wn, wm) holds
 // acc[rb][nt][i] = y[feature 16 (lb0 + kRB wn + rb) + gid + 8 (i / 2)][row 8 (wm kNT + nt) + 2t + i % 2]
-// of the tile's rows row0 .. row0 + rows - 1: every (row, feature) belongs to exactly one lane.
+// of the span's rows row0 .. row0 + rows - 1: every (row, feature) belongs to exactly one lane.
 template <int kRB, int kNT>
-__device__ __forceinline__ void store_tile(const GemmArgs& a, const float (&acc)[kRB][kNT][4], int row0, int rows, int lb0,
-                                           int n_feat, int wn, int wm, int lane) {
-  const int gid = lane >> 2;
+__device__ __forceinline__ void store_tile(const GemmArgs& a, const float (&acc)[kRB][kNT][4], const BlockSpan& s,
+                                           int wn, int wm, int lane) {
+  const int gid = lane >> 2, row0 = s.row0, rows = s.rows, lb0 = s.lb0, n_feat = s.n_feat;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll

@@ -84,8 +84,9 @@ __device__ __forceinline__ void dequant_tile(const unsigned char* stage, uint32_
 // of the tile's rows row0 .. row0 + rows - 1. SwiGlu: n-tiles 2 jj (8 gate rows) and
 // 2 jj + 1 (their 8 up rows) of row block lb0 + jj give outputs 8 (lb0 + jj) + 2 t + e.
 template <int kN>
-__device__ __forceinline__ void store_wgmma(const GemmArgs& a, const float (&acc)[kN / 2], int row0, int rows, int lb0,
-                                            int n_feat, int m0, int lane) {
+__device__ __forceinline__ void store_wgmma(const GemmArgs& a, const float (&acc)[kN / 2], const BlockSpan& s, int m0,
+                                            int lane) {
+  const int row0 = s.row0, rows = s.rows, lb0 = s.lb0, n_feat = s.n_feat;
   const int gid = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -136,28 +137,19 @@ __global__ void __launch_bounds__(TileG<BM>::kThreads, TileG<BM>::kMinBlocks)
   constexpr int S = T::kStages, kN = T::kN;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
-  const int G = a.W.cols / 64, n_rb = (a.W.rows + 15) / 16;
-  const bool grouped = a.tiles != nullptr;
+  const int G = a.W.cols / 64;
 
   pdl_wait();
-  int expert, row0, rows;
-  if (!block_rows<BM>(a, expert, row0, rows, tile_m)) return;
-  const int n_feat = grouped ? a.expert_rows : a.W.rows;  // features of the (expert's) matrix
-  const int lb0 = blockIdx.x * T::kBlocks;                 // first row block of the tile, within the expert
-  const int rb0 = expert * (a.expert_rows / 16) + lb0;     // the same in W
-  auto block_ok = [&](int lb) { return 16 * (lb0 + lb) < n_feat && rb0 + lb >= 0 && rb0 + lb < n_rb; };
+  BlockSpan span;
+  if (!block_span<BM>(a, T::kBlocks, span, tile_m)) return;
 
   // The swizzle atoms need 1024-byte alignment (descriptor base offset 0).
   const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t smem0 = (raw0 + 1023) & ~1023u;
   const unsigned char* base = smem + (smem0 - raw0);
-  const StagePlan<T> plan(a, tid, rb0, row0, rows, G, block_ok);
+  const StagePlan<T> plan(a, tid, span, G);
 
-  // Stage of group g (always one commit group, so wait counts stay uniform).
-  auto load_stage = [&](int g) {
-    if (g < G) plan.load(a, smem0 + (g % S) * T::kStageBytes, tid, g);
-    cp_async_commit();
-  };
+  auto load_stage = [&](int g) { plan.stage(a, smem0, tid, g, G); };
   auto dequant = [&](int g) {
     dequant_tile<T>(base + (g % S) * T::kStageBytes, smem0 + T::kBOff + (g & 1) * T::kBBytes, tid);
   };
@@ -203,7 +195,7 @@ __global__ void __launch_bounds__(TileG<BM>::kThreads, TileG<BM>::kMinBlocks)
   cp_async_wait<0>();  // only empty groups remain
   pdl_trigger();
 
-  store_wgmma<kN>(a, acc, row0, rows, lb0, n_feat, 64 * wg + 16 * wq, lane);
+  store_wgmma<kN>(a, acc, span, 64 * wg + 16 * wq, lane);
 }
 
 template <int BM>
