@@ -4,7 +4,9 @@
 # Steps (LILY_GPU_STEPS, comma-separated; default all):
 #   kernels      kernel tests vs fp64 references, one process per suite (src/cuda/tests)
 #   pytest       the GPU pytest files (CUDA vs CPU executor on small checkpoints)
-#   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes
+#   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes, both
+#                random-weight styles; then 2,304 positions at 4 layers (a chunk of >= 2,048
+#                tokens: the dense GEMMs take their wgmma route)
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
@@ -82,7 +84,11 @@ if want kernels && [ "$kt_build_rc" = 0 ]; then
 fi
 if [ "$pip_rc" = 0 ]; then
   want pytest && run_step pytest 240 pytest_cuda.log python3 -m pytest -q tests/test_cuda_executor.py
-  want consistency && run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
+  if want consistency; then
+    run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
+    run_step consistency_long 300 consistency_long.log python3 benchmarks/ops/consistency_35b.py --layers 4 \
+      --positions 2304 --json "$OUT/consistency_long.json"
+  fi
   want decode && run_step decode 240 decode.log python3 benchmarks/ops/cuda_decode.py --contexts "${LILY_DECODE_CONTEXTS:-512,4096}" --json "$OUT/decode.json"
   want profile && run_step profile 200 profile.log env LILY_PREFILL_PROFILE=1 python3 benchmarks/ops/cuda_decode.py --contexts 4096,32768 --steps 4
   if want ablations; then
@@ -151,7 +157,7 @@ echo "build: package rc=$pip_rc, kernel tests rc=$kt_build_rc"
 grep -E '^FAIL' "$OUT/kernel_tests.log" 2>/dev/null | head -30
 for k in "${!RC[@]}"; do echo "$k: rc=${RC[$k]}"; done | sort
 [ -f "$OUT/pytest_cuda.log" ] && grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest_cuda.log" | tail -15
-grep -h '^{' "$OUT/consistency.log" "$OUT/decode.log" 2>/dev/null
+grep -h '^{' "$OUT/consistency.log" "$OUT/consistency_long.log" "$OUT/decode.log" 2>/dev/null
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/gdnrule.log" 2>/dev/null
