@@ -5,8 +5,8 @@
 #   kernels      kernel tests vs fp64 references, one process per suite (src/cuda/tests)
 #   pytest       the GPU pytest files (CUDA vs CPU executor on small checkpoints)
 #   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes, both
-#                random-weight styles; then 2,304 positions at 4 layers (a chunk of >= 2,048
-#                tokens: the dense GEMMs take their wgmma route)
+#                random-weight styles; then 2,304 positions at 4 layers, conditioned weights
+#                (a chunk of >= 2,048 tokens: the dense GEMMs take their wgmma route)
 #   decode       prefill + decode throughput at 35B-A3B dimensions (benchmarks/ops/cuda_decode.py)
 #   profile      per-op times of a prefill chunk at 4K and 32K context (LILY_PREFILL_PROFILE=1)
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
@@ -59,7 +59,7 @@ declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn
                      [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qgemm
                      [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
-suites_pass() {  # switches... : every kernel suite of each switch passed (when the kernels step ran)
+suites_pass() {  # switches... : every kernel suite of each switch passed (always true when the kernels step is not run)
   local v suite
   want kernels || return 0
   for v in $1; do
@@ -87,7 +87,7 @@ if [ "$pip_rc" = 0 ]; then
   if want consistency; then
     run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
     run_step consistency_long 300 consistency_long.log python3 benchmarks/ops/consistency_35b.py --layers 4 \
-      --positions 2304 --json "$OUT/consistency_long.json"
+      --positions 2304 --styles conditioned --json "$OUT/consistency_long.json"
   fi
   want decode && run_step decode 240 decode.log python3 benchmarks/ops/cuda_decode.py --contexts "${LILY_DECODE_CONTEXTS:-512,4096}" --json "$OUT/decode.json"
   want profile && run_step profile 200 profile.log env LILY_PREFILL_PROFILE=1 python3 benchmarks/ops/cuda_decode.py --contexts 4096,32768 --steps 4

@@ -5,13 +5,14 @@ context limit, snapshots and sampling. Skipped where no CUDA device is visible."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lily
-from lily import _lily
+from lily import _lily, synthetic
 from lily.consistency import benchmark_tokens, kl_divergence, top1_agreement
 
 pytestmark = [
@@ -152,6 +153,29 @@ def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
     ref = cpu.forward(cpu.new_session(150), ids, all_logits=True)
     assert_consistent(ref, gpu.forward(gpu.new_session(150), ids, all_logits=True), str(env))
     assert_greedy_is_cpu_argmax(cpu, gpu, ids[:40], 16)
+
+
+@pytest.mark.parametrize("env", [{}, {"LILY_PREFILL_ATTN": "mma", "LILY_PREFILL_GEMM": "bf16w"}])
+def test_routes_at_35b_widths_match_cpu(tmp_path, monkeypatch, env):
+    """Four layers (3 GDN + 1 attention) at Qwen3.6-35B-A3B's widths (hidden 2048, head dim
+    256, 16/32 GDN heads of 128) with 8 experts, conditioned random weights, 2,100 tokens in
+    one chunk: the shapes for which the default prefill takes the wgmma flash attention and
+    the wgmma dense GEMMs (K >= 2048, chunks >= 2,048), and, switched off, their mma.sync
+    alternatives. The tiny checkpoints (head dim 64, hidden 128) reach neither."""
+    config = synthetic.tiny_config(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                   linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
+                                   linear_value_head_dim=128, moe_intermediate_size=512,
+                                   shared_expert_intermediate_size=512)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    cpu = _lily.Engine.random(str(path), "cpu", 0, 0, "conditioned")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    gpu = _lily.Engine.random(str(path), "cuda", 0, 0, "conditioned")
+    n = 2100
+    ids = benchmark_tokens(n, int(config["vocab_size"]))
+    ref = cpu.forward(cpu.new_session(n), ids, all_logits=True)
+    assert_consistent(ref, gpu.forward(gpu.new_session(n), ids, all_logits=True), str(env))
 
 
 @pytest.mark.parametrize("name,value", [("LILY_PREFILL_GDN", "fast"), ("LILY_PREFILL_GEMM", "fp8"),

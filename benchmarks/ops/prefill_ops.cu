@@ -164,8 +164,9 @@ void add_prefill_ops(std::vector<Op>& ops) {
                    return [=](cudaStream_t s) { gdn_gated_norm(a, s); };
                  }});
 
-  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, nullptr);  // chunks ending at 4K, 32K, 128K
-  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, "wgmma");  // Hopper wgmma flash kernel
+  // Chunks ending at 4K, 32K, 128K on each flash kernel (the default is wgmma for D = 256).
+  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, "mma");
+  for (int pos0 : {0, 28672, 126976}) add_attention(ops, pos0, "wgmma");
 
   // MoE routing (router GEMM, top-k, sort, tile list: tile_m 64 at this T) and the combine.
   const double slots = double(kT) * kTopK;

@@ -216,9 +216,12 @@ struct Chunk {
   }
   // A dense GEMM over the chunk's T rows: 128 x 256 wgmma blocks where they pay
   // (PrefillOptions::gemm_wgmma_dense), else mma.sync tiles of dense_tile rows.
+  // LILY_PREFILL_DENSE_TILE sizes the wgmma blocks only under LILY_PREFILL_GEMM=wgmma
+  // (16-64: 64 x 128 blocks); the default's wgmma GEMMs are measured at 128 x 256.
   void dense(GemmArgs g) const {
     g.wgmma = opt.gemm_wgmma_dense(g.W.cols, T);
-    qgemm(g, g.wgmma && !opt.dense_tile ? 128 : dense_tile, stream);
+    const bool sized = opt.gemm == PrefillOptions::Gemm::Wgmma && opt.dense_tile;
+    qgemm(g, g.wgmma && !sized ? 128 : dense_tile, stream);
   }
   // y [T][ldy] = x Wᵀ (Store) or h += x Wᵀ (Add, y = h).
   void project(const QMat& Wm, const uint16_t* x, int ldx, float* y, int ldy, GemmEpilogue epi) const {

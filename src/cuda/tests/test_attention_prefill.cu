@@ -201,7 +201,9 @@ double bf16_err(const std::vector<uint16_t>& got, const std::vector<double>& wan
 }
 
 // rms(got - want) / rms(want). The output's bf16 rounding alone gives ~2^-9 / sqrt(3) x
-// ~0.75 (the step's average position in its binade) = 8.5e-4; P's rounding adds less.
+// ~0.75 (the step's average position in its binade) = 8.5e-4; with P's rounding the H200
+// measured 1.6e-3 to 2.2e-3 on every case of both kernels. A systematic error (a wrong
+// scale, a dropped key tile) moves it by far more than the remaining headroom.
 constexpr double kOutRmsTol = 3e-3;
 
 double bf16_rms_err(const std::vector<uint16_t>& got, const std::vector<double>& want) {
@@ -378,7 +380,10 @@ void run_attention_prefill_tests() {
     test_decode_after(single, 65, 0, ++seed);
   }
   {
-    const ScopedRoute by_head_dim("");  // the default: D = 64 on mma.sync, D = 256 on wgmma
+    // The default (D = 64 on mma.sync, D = 256 on wgmma) runs and is right for both head
+    // dims; which kernel it picked shows in the registry's times, not here (both kernels
+    // accumulate alike: their outputs can be bit for bit the same).
+    const ScopedRoute by_head_dim("");
     test_prefill(small, 100, 1000, ++seed);
     test_prefill(real, 100, 1000, ++seed);
   }
