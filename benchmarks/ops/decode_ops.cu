@@ -17,16 +17,6 @@ namespace {
 
 using namespace lily::cuda;
 
-// RMSNorm(x) * w of the hidden state x [H].
-XSpec rmsnorm_of(Arena& A, const float* x) {
-  XSpec X;
-  X.mode = XMode::RmsNorm;
-  X.x = x;
-  X.w = A.near_one(kH);
-  X.eps = kEps;
-  return X;
-}
-
 // Where lm_head / sample_topk put the chosen token; no penalties, no stop rule fires.
 TokenSink token_sink(Arena& A, const DecodeCtl& c) {
   TokenSink s;

@@ -46,11 +46,7 @@ void add_probe_ops(std::vector<Op>& ops) {
                    };
                  }});
   ops.push_back({"probe: stage x (RMSNorm, tensor-core layout)", dims(1, kH), kH * 8.0, 0, [](Arena& A) -> Launch {
-                   XSpec X;
-                   X.mode = XMode::RmsNorm;
-                   X.x = A.normal(kH);
-                   X.w = A.near_one(kH);
-                   X.eps = kEps;
+                   const XSpec X = rmsnorm_of(A, A.normal(kH));
                    float* sink = A.zeros<float>(probe_grid());
                    return [=](cudaStream_t s) {
                      launch("probe stage", stage_kernel, dim3(probe_grid()), dim3(kThreads), stage_mma_bytes(kH), s, X,
@@ -61,11 +57,7 @@ void add_probe_ops(std::vector<Op>& ops) {
     const int rows = 16 * per_block * 264;  // an H200's decode grid; other cards get other splits
     ops.push_back({"probe: gemv +rmsnorm, " + std::to_string(per_block) + " row block(s) per block", dims(rows, kH),
                    qbytes(rows, kH, 4) + kH * 8.0 + rows * 4.0, 2.0 * rows * kH, [=](Arena& A) -> Launch {
-                     XSpec X;
-                     X.mode = XMode::RmsNorm;
-                     X.x = A.normal(kH);
-                     X.w = A.near_one(kH);
-                     X.eps = kEps;
+                     const XSpec X = rmsnorm_of(A, A.normal(kH));
                      const QMat W = A.qmat(rows, kH, 4, true);
                      const YSpec Y{YMode::Store, A.normal(rows)};
                      return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };

@@ -135,6 +135,7 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, const Ceili
 int run(const Options& o) {
   std::vector<Op> all, ops;
   add_probe_ops(all);
+  add_phase_probe_ops(all);
   add_decode_ops(all);
   add_prefill_ops(all);
   add_prefill_gemm_ops(all);

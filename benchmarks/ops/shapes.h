@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
+
 namespace lily::bench {
 
 constexpr int kH = 2048, kV = 248320;  // hidden size, vocabulary
@@ -25,5 +27,15 @@ inline std::vector<float> gdn_neg_A() {
 }
 
 inline std::string dims(long a, long b) { return std::to_string(a) + "x" + std::to_string(b); }
+
+// x [kH] staged as a decode kernel's prologue does: RMSNorm with random weights near 1.
+inline cuda::XSpec rmsnorm_of(Arena& A, const float* x) {
+  cuda::XSpec X;
+  X.mode = cuda::XMode::RmsNorm;
+  X.x = x;
+  X.w = A.near_one(kH);
+  X.eps = kEps;
+  return X;
+}
 
 }  // namespace lily::bench

@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "gemv_core.cuh"
+#include "grid_barrier.cuh"
 #include "moe_topk.cuh"
 #include "qmma.cuh"
 
@@ -14,55 +15,6 @@ constexpr int kWarps = 8;
 constexpr int kMaxTopK = 16;
 constexpr int kBlocksPerSm = 2;          // more blocks: more loads in flight per phase
 constexpr size_t kMaxSmem = 64 * 1024;   // occupancy is queried at this size (a lower bound)
-
-// ---- Grid barrier: sync[0] counts arrivals, sync[1] is the generation. The last block
-// to arrive resets the count and bumps the generation (release); the others spin on the
-// generation (acquire). The count is zero again after every barrier, so a launch (or a
-// graph replay) needs no reset. Thread 0 arrives for its block after a block barrier and
-// a fence, so the block's writes are visible to every block that passes the barrier
-// (the pattern of cooperative groups' grid sync). Split in arrive/wait so that a block
-// can do work that needs no other block in between.
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
-  unsigned old;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-struct GridBarrier {
-  unsigned* sync;
-  unsigned gen = 0;  // thread 0: the generation this block waits to see change
-
-  __device__ void arrive() {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      gen = ld_acquire(sync + 1);  // before arriving: it cannot change until every block arrived
-      __threadfence();
-      if (atom_add_acq_rel(sync, 1u) == gridDim.x - 1) {
-        st_relaxed(sync, 0u);  // ordered before the release below: nobody arrives again before it
-        st_release(sync + 1, gen + 1);
-      }
-    }
-  }
-
-  __device__ void wait() {
-    if (threadIdx.x == 0) {
-      for (unsigned ns = 32; ld_acquire(sync + 1) == gen; ns = min(2 * ns, 128u)) __nanosleep(ns);
-      __threadfence();
-    }
-    __syncthreads();
-  }
-};
 
 // Shared memory: one staging region reused by the phases (router x, then the gate/up x
 // fragments, then the activation fragments), then the routing scratch.
@@ -135,7 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   bar.wait();
 
   // Phase 2: routing (every block), then gate/up.
-  if (warp == 0) route_topk(s.logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
+  if (warp == 0) route_topk(GlobalLogits{s.logits}, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x <= k) {
     if (threadIdx.x < k) {
