@@ -1,6 +1,7 @@
 #include "moe_experts.h"
 
 #include "gemv_core.cuh"
+#include "moe_cluster_route.cuh"
 #include "qmma.cuh"
 
 #include <algorithm>
@@ -123,22 +124,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   pdl_trigger();
 }
 
-// Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
-// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
+// Tensor-core gate/up tasks of this block (tiled weights, each 16-row block = 8 gate rows
+// + their 8 up rows), once the k expert ids are in s_ids: task = (slot, row block) -> 8
+// outputs SiLU(gate) * up; warps split the groups. smem_u4: stage_mma_bytes(H).
 template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2)
-    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
-  extern __shared__ uint4 smem_u4[];
+__device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const XSpec& X, const int* s_ids, int k, float* act,
+                                              uint4* smem_u4) {
   const int H = m.gate_up.cols, G = H / 64;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   __shared__ float red[2][kWarps][16];
-  __shared__ int s_ids[16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
-  pdl_wait();
-  if (halt && *halt) return;
-  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
-  __syncthreads();
   auto tile_of = [&](int task, int& rb) -> const QMat& {
     if (task < routed) {
       rb = s_ids[task / rbe] * rbe + task % rbe;
@@ -165,6 +161,46 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       act[out + threadIdx.x] = siluf_(g) * u;
     }
   }
+}
+
+template <int GPW>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  __shared__ int s_ids[16];
+  pdl_wait();
+  if (halt && *halt) return;
+  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  gate_up_tasks<GPW>(m, X, s_ids, k, act, smem_u4);
+  pdl_trigger();
+}
+
+// The same after routing for itself (moe_routed_gate_up): each cluster computes the
+// router (R: [E + 1, H], 8-bit) and the top-k (moe_cluster_route.cuh) in shared memory
+// after the gate/up stage; block 0 writes them out for moe_down.
+template <int GPW>
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kWarps * 32, 2)
+    routed_gate_up_mma_kernel(QMat R, MoeExperts m, XSpec X, int k, int norm_topk, int* ids, float* weights,
+                              float* shared_gate, float* act, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  __shared__ int s_ids[16];
+  __shared__ float s_w[17];
+  ClusterRoute<4> route(R);  // 4 chunks of 16 bytes per lane and step: one step per 2048-wide 8-bit row
+  route.prefetch(R, threadIdx.x & 31);
+  pdl_wait();
+  if (halt && *halt) return;  // uniform over the grid: no block is left waiting at a cluster barrier
+  route.run(R, X, k, norm_topk != 0, reinterpret_cast<unsigned char*>(smem_u4) + stage_mma_bytes(m.gate_up.cols), s_ids,
+            s_w);
+  if (blockIdx.x == 0 && threadIdx.x <= k) {
+    if (threadIdx.x < k) {
+      ids[threadIdx.x] = s_ids[threadIdx.x];
+      weights[threadIdx.x] = s_w[threadIdx.x];
+    } else {
+      *shared_gate = s_w[k];
+    }
+  }
+  gate_up_tasks<GPW>(m, X, s_ids, k, act, smem_u4);
   pdl_trigger();
 }
 
@@ -295,6 +331,34 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
   if (m.gate_up.bits == 4) launch_gate_up<4>(m, X, ids, top_k, act, halt, stream);
   else if (m.gate_up.bits == 8) launch_gate_up<8>(m, X, ids, top_k, act, halt, stream);
   else fail("moe_gate_up: unsupported bit width ", std::to_string(m.gate_up.bits));
+}
+
+void moe_routed_gate_up(const QMat& router, const MoeExperts& m, const XSpec& X, int top_k, bool norm_topk, int* ids,
+                        float* weights, float* shared_gate, float* act, const int* halt, cudaStream_t stream) {
+  check_shapes(m, top_k);
+  const int H = m.gate_up.cols, E = router.rows - 1, gpw = (H / 64 + kWarps - 1) / kWarps;
+  if (!tiled(m))
+    fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): needs the tensor-core tile layout of the expert weights");
+  if (router.bits != 8 || router.cols != H || E != m.n_experts || router.tiled)
+    fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): the router must be the 8-bit row-major [E + 1, H] matrix, E = ",
+         std::to_string(m.n_experts));
+  const size_t smem = stage_mma_bytes(H) + cluster_route_bytes(H, E);
+  // Whole clusters, at most two blocks per multiprocessor.
+  const int tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
+  const int grid = std::max(kClusterBlocks, std::min(tasks, 2 * sm_count()) / kClusterBlocks * kClusterBlocks);
+#define LILY_RGU(N)                                                                                                  \
+  do {                                                                                                               \
+    allow_dynamic_smem(reinterpret_cast<const void*>(routed_gate_up_mma_kernel<N>), smem,                           \
+                       "moe_routed_gate_up: shared memory opt-in");                                                  \
+    launch("moe_routed_gate_up (tensor cores)", routed_gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem,   \
+           stream, router, m, X, top_k, int(norm_topk), ids, weights, shared_gate, act, halt);                        \
+  } while (0)
+  if (gpw <= 1) LILY_RGU(1);
+  else if (gpw <= 2) LILY_RGU(2);
+  else if (gpw <= 4) LILY_RGU(4);
+  else if (gpw <= 8) LILY_RGU(8);
+  else fail("moe_routed_gate_up: hidden size above 4096 is not supported");
+#undef LILY_RGU
 }
 
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
