@@ -5,6 +5,7 @@
 #include "qmma.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace lily::cuda {
 namespace {
@@ -310,22 +311,32 @@ bool tiled(const MoeExperts& m) {
   return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
 }
 
+namespace {
+
+// The tensor-core gate/up's tasks (16-row blocks: k routed experts' and the shared
+// expert's), and f(std::integral_constant<int, GPW>{}) for its groups per warp over H.
+int gate_up_task_count(const MoeExperts& m, int k) { return k * 2 * m.inter / 16 + 2 * m.shared_inter / 16; }
+template <class F>
+void with_groups_per_warp(int H, const char* op, F f) {
+  const int gpw = (H / 64 + kWarps - 1) / kWarps;
+  if (gpw <= 1) f(std::integral_constant<int, 1>{});
+  else if (gpw <= 2) f(std::integral_constant<int, 2>{});
+  else if (gpw <= 4) f(std::integral_constant<int, 4>{});
+  else if (gpw <= 8) f(std::integral_constant<int, 8>{});
+  else fail(op, ": hidden size above 4096 is not supported with tiled weights");
+}
+
+}  // namespace
+
 void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
                  cudaStream_t stream) {
   check_shapes(m, top_k);
   if (tiled(m)) {
-    const int H = m.gate_up.cols, gpw = (H / 64 + kWarps - 1) / kWarps;
-    const int tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
-    const int grid = std::min(tasks, 2 * sm_count());
-#define LILY_GU(N)                                                                                                   \
-  launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H), stream, \
-         m, X, ids, top_k, act, halt)
-    if (gpw <= 1) LILY_GU(1);
-    else if (gpw <= 2) LILY_GU(2);
-    else if (gpw <= 4) LILY_GU(4);
-    else if (gpw <= 8) LILY_GU(8);
-    else fail("moe_gate_up: hidden size above 4096 is not supported with tiled weights");
-#undef LILY_GU
+    const int H = m.gate_up.cols, grid = std::min(gate_up_task_count(m, top_k), 2 * sm_count());
+    with_groups_per_warp(H, "moe_gate_up", [&](auto gpw) {
+      launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H),
+             stream, m, X, ids, top_k, act, halt);
+    });
     return;
   }
   if (m.gate_up.bits == 4) launch_gate_up<4>(m, X, ids, top_k, act, halt, stream);
@@ -336,7 +347,7 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
 void moe_routed_gate_up(const QMat& router, const MoeExperts& m, const XSpec& X, int top_k, bool norm_topk, int* ids,
                         float* weights, float* shared_gate, float* act, const int* halt, cudaStream_t stream) {
   check_shapes(m, top_k);
-  const int H = m.gate_up.cols, E = router.rows - 1, gpw = (H / 64 + kWarps - 1) / kWarps;
+  const int H = m.gate_up.cols, E = router.rows - 1;
   if (!tiled(m))
     fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): needs the tensor-core tile layout of the expert weights");
   if (router.bits != 8 || router.cols != H || E != m.n_experts || router.tiled)
@@ -344,21 +355,14 @@ void moe_routed_gate_up(const QMat& router, const MoeExperts& m, const XSpec& X,
          std::to_string(m.n_experts));
   const size_t smem = stage_mma_bytes(H) + cluster_route_bytes(H, E);
   // Whole clusters, at most two blocks per multiprocessor.
-  const int tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
-  const int grid = std::max(kClusterBlocks, std::min(tasks, 2 * sm_count()) / kClusterBlocks * kClusterBlocks);
-#define LILY_RGU(N)                                                                                                  \
-  do {                                                                                                               \
-    allow_dynamic_smem(reinterpret_cast<const void*>(routed_gate_up_mma_kernel<N>), smem,                           \
-                       "moe_routed_gate_up: shared memory opt-in");                                                  \
-    launch("moe_routed_gate_up (tensor cores)", routed_gate_up_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem,   \
-           stream, router, m, X, top_k, int(norm_topk), ids, weights, shared_gate, act, halt);                        \
-  } while (0)
-  if (gpw <= 1) LILY_RGU(1);
-  else if (gpw <= 2) LILY_RGU(2);
-  else if (gpw <= 4) LILY_RGU(4);
-  else if (gpw <= 8) LILY_RGU(8);
-  else fail("moe_routed_gate_up: hidden size above 4096 is not supported");
-#undef LILY_RGU
+  const int grid =
+      std::max(kClusterBlocks, std::min(gate_up_task_count(m, top_k), 2 * sm_count()) / kClusterBlocks * kClusterBlocks);
+  with_groups_per_warp(H, "moe_routed_gate_up", [&](auto gpw) {
+    allow_dynamic_smem(reinterpret_cast<const void*>(routed_gate_up_mma_kernel<gpw>), smem,
+                       "moe_routed_gate_up: shared memory opt-in");
+    launch("moe_routed_gate_up (tensor cores)", routed_gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), smem,
+           stream, router, m, X, top_k, int(norm_topk), ids, weights, shared_gate, act, halt);
+  });
 }
 
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,

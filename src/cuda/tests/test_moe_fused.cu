@@ -147,6 +147,22 @@ void test_routed_single(const Block& b) {
   cudaFree(h3), cudaFree(hr);
 }
 
+// Captures step(0) .. step(layers - 1) on st as one graph and replays it `replays` times.
+template <class Step>
+void replay_graph(cudaStream_t st, int layers, int replays, Step step) {
+  cudaGraph_t g;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (int l = 0; l < layers; ++l) step(l);
+  CK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  for (int r = 0; r < replays; ++r) CK(cudaGraphLaunch(exec, st));
+  CK(cudaStreamSynchronize(st));
+  CK(cudaGetLastError());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+}
+
 // `layers` launches per graph (pos_inc on the last), the graph replayed `replays` times,
 // against the three-launch path run as many times without a graph.
 void test_graph(const Block& b, int layers, int replays) {
@@ -159,26 +175,9 @@ void test_graph(const Block& b, int layers, int replays) {
   const auto sync0 = from_dev(b.s.sync, 2);
   for (int r = 0; r < replays; ++r)
     for (int l = 0; l < layers; ++l) b.three(h3, l + 1 == layers ? pos3 : nullptr, nullptr, st);
-  cudaGraph_t g;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < layers; ++l) b.fused(hf, l + 1 == layers ? posf : nullptr, nullptr, st);
-  CK(cudaStreamEndCapture(st, &g));
-  cudaGraphExec_t exec;
-  CK(cudaGraphInstantiate(&exec, g, 0));
-  for (int r = 0; r < replays; ++r) CK(cudaGraphLaunch(exec, st));
-  CK(cudaStreamSynchronize(st));
-  CK(cudaGetLastError());
-  // The routed path, captured the same way (cluster launches in a graph).
-  float* hr = to_dev(b.h0);
-  cudaGraph_t gr;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < layers; ++l) b.routed(hr, nullptr, nullptr, st);
-  CK(cudaStreamEndCapture(st, &gr));
-  cudaGraphExec_t exec_r;
-  CK(cudaGraphInstantiate(&exec_r, gr, 0));
-  for (int r = 0; r < replays; ++r) CK(cudaGraphLaunch(exec_r, st));
-  CK(cudaStreamSynchronize(st));
-  CK(cudaGetLastError());
+  replay_graph(st, layers, replays, [&](int l) { b.fused(hf, l + 1 == layers ? posf : nullptr, nullptr, st); });
+  float* hr = to_dev(b.h0);  // the routed path the same way (cluster launches in a graph)
+  replay_graph(st, layers, replays, [&](int) { b.routed(hr, nullptr, nullptr, st); });
   char name[160];
   std::snprintf(name, sizeof name, "  graph: %d launches x %d replays, h", layers, replays);
   compare(name, from_dev(hf, b.H), from_dev(h3, b.H), 1e-5);
@@ -188,10 +187,6 @@ void test_graph(const Block& b, int layers, int replays) {
   const auto sync = from_dev(b.s.sync, 2);
   expect("  graph: barrier count 0, generation advanced by 2 per launch",
          sync[0] == 0 && sync[1] == sync0[1] + 2u * layers * replays);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(g));
-  CK(cudaGraphExecDestroy(exec_r));
-  CK(cudaGraphDestroy(gr));
   cudaFree(hr);
   CK(cudaStreamDestroy(st));
   cudaFree(h3), cudaFree(hf), cudaFree(pos3), cudaFree(posf);
