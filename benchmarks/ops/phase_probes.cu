@@ -115,9 +115,11 @@ void add_phase_probe_ops(std::vector<Op>& ops) {
                    int* ids = A.zeros<int>(kTopK);
                    float* weights = A.zeros<float>(kTopK + 1);
                    const size_t smem = cluster_route_bytes(kH, kE);
+                   const int grid = cluster_grid(reinterpret_cast<const void*>(cluster_router_kernel), probe_grid(),
+                                                 kThreads, smem, "probe cluster router: occupancy");
                    return [=](cudaStream_t s) {
-                     launch("probe cluster router", cluster_router_kernel, dim3(probe_grid()), dim3(kThreads), smem, s,
-                            W, X, kTopK, ids, weights);
+                     launch("probe cluster router", cluster_router_kernel, dim3(grid), dim3(kThreads), smem, s, W, X,
+                            kTopK, ids, weights);
                    };
                  }});
 }

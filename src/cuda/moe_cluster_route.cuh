@@ -13,6 +13,9 @@
 #pragma once
 #include <cooperative_groups.h>
 
+#include <algorithm>
+
+#include "cuda_check.h"
 #include "gemv_core.cuh"
 #include "moe_topk.cuh"
 
@@ -24,6 +27,20 @@ constexpr int kClusterBlocks = 8;  // the portable cluster size
 // rows, then the E + 1 logits and E floats of top-k scratch.
 __host__ __device__ constexpr size_t cluster_route_bytes(int H, int E) {
   return stage_bytes<8>(H) + static_cast<size_t>(2 * E + 1) * 4;
+}
+
+// Blocks for a grid of `wanted` blocks of `kernel` (compiled with kClusterBlocks-block
+// clusters): whole clusters, no more than can run at once. A cluster runs inside one GPC,
+// so e.g. 264 blocks at 2 per SM need not all fit as 33 clusters of 8; a 33rd cluster
+// would run alone after the others.
+inline int cluster_grid(const void* kernel, int wanted, int threads, size_t smem, const char* op) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterBlocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  int clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), op);
+  return kClusterBlocks * std::max(1, std::min(wanted / kClusterBlocks, clusters));
 }
 
 // v[0..n) in every block of the cluster, where block owner(r) wrote v[r] into its own

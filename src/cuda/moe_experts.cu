@@ -353,13 +353,15 @@ void moe_routed_gate_up(const QMat& router, const MoeExperts& m, const XSpec& X,
   if (router.bits != 8 || router.cols != H || E != m.n_experts || router.tiled)
     fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): the router must be the 8-bit row-major [E + 1, H] matrix, E = ",
          std::to_string(m.n_experts));
+  if (top_k > m.n_experts)
+    fail("moe_routed_gate_up: top_k ", std::to_string(top_k), " exceeds the ", std::to_string(m.n_experts), " experts");
   const size_t smem = stage_mma_bytes(H) + cluster_route_bytes(H, E);
-  // Whole clusters, at most two blocks per multiprocessor.
-  const int grid =
-      std::max(kClusterBlocks, std::min(gate_up_task_count(m, top_k), 2 * sm_count()) / kClusterBlocks * kClusterBlocks);
   with_groups_per_warp(H, "moe_routed_gate_up", [&](auto gpw) {
-    allow_dynamic_smem(reinterpret_cast<const void*>(routed_gate_up_mma_kernel<gpw>), smem,
-                       "moe_routed_gate_up: shared memory opt-in");
+    const void* kernel = reinterpret_cast<const void*>(routed_gate_up_mma_kernel<gpw>);
+    allow_dynamic_smem(kernel, smem, "moe_routed_gate_up: shared memory opt-in");
+    // At most two blocks per multiprocessor, in clusters that all run at once.
+    const int grid = cluster_grid(kernel, std::min(gate_up_task_count(m, top_k), 2 * sm_count()), kWarps * 32, smem,
+                                  "moe_routed_gate_up: cluster occupancy");
     launch("moe_routed_gate_up (tensor cores)", routed_gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), smem,
            stream, router, m, X, top_k, int(norm_topk), ids, weights, shared_gate, act, halt);
   });
