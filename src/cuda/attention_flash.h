@@ -42,15 +42,43 @@ __host__ __device__ inline int key_tiles(int qt, int tpt, int T, int pos0) {
 __host__ __device__ inline int split_chunk(int n_tiles, int splits) { return (n_tiles + splits - 1) / splits; }
 
 #ifdef __CUDACC__
+// What block (blockIdx.x, blockIdx.y) of a flash kernel computes: query tile blk / Hkv
+// (tokens q0 .. q0 + tpt - 1) of KV head g, heaviest (latest) tiles first so the causal
+// tail is short; key tiles kt0 .. kt1 - 1 of split blockIdx.y (empty: kt0 >= kt1, which
+// the merge skips); n_keys: the cache rows its queries may see.
+struct FlashBlock {
+  int blk, g, q0, kt0, kt1, n_keys;
+};
+__device__ __forceinline__ FlashBlock flash_block(const FlashParams& p) {
+  FlashBlock b;
+  b.blk = p.blocks - 1 - blockIdx.x;
+  const int qt = b.blk / p.Hkv, n_tiles = key_tiles(qt, p.tpt, p.T, p.pos0), chunk = split_chunk(n_tiles, p.splits);
+  b.g = b.blk % p.Hkv;
+  b.q0 = qt * p.tpt;
+  b.kt0 = blockIdx.y * chunk;
+  b.kt1 = min(n_tiles, b.kt0 + chunk);
+  b.n_keys = p.pos0 + min(b.q0 + p.tpt, p.T);
+  return b;
+}
+
+// Element offset in p.q of 16-byte chunk c of Q row r (token q0 + r / G, head g G + r % G);
+// ok: the row is one of the block's tokens (the others are loaded as zeros: finite
+// scores, never stored).
+__device__ __forceinline__ size_t flash_q_src(const FlashParams& p, const FlashBlock& b, int r, int c, int D, bool& ok) {
+  const int tok = r / p.G, t = b.q0 + tok;
+  ok = tok < p.tpt && t < p.T;
+  return (static_cast<size_t>(ok ? t : 0) * p.Hq + b.g * p.G + r % p.G) * D + c * 8;
+}
+
 // The end of a flash block for its row r (token q0 + r / G, head g * G + r % G) in this
 // thread: columns 8n + 2 quad + {0, 1} (n < D / 8) hold pair(n), the unnormalised O; m, l
 // the row's max score and full sum of exp. One split: out = O / l * sigmoid(gate) in bf16;
 // several: O and (m, l) as the split's partial result for the merge. Rows past the chunk
 // are skipped.
 template <int D, typename Pair>
-__device__ __forceinline__ void flash_store_row(const FlashParams& p, int blk, int r, int q0, int g, int quad, float m,
+__device__ __forceinline__ void flash_store_row(const FlashParams& p, const FlashBlock& b, int r, int quad, float m,
                                                 float l, Pair pair) {
-  const int tok = r / p.G, t = q0 + tok, h = g * p.G + r % p.G;
+  const int blk = b.blk, tok = r / p.G, t = b.q0 + tok, h = b.g * p.G + r % p.G;
   if (tok >= p.tpt || t >= p.T) return;
   if (p.splits > 1) {
     const size_t prow = (static_cast<size_t>(blockIdx.y) * p.blocks + blk) * kFlashRows + r;

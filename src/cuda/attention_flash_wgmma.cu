@@ -50,25 +50,21 @@ constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + (kKStages + kVStages) *
 __global__ void __launch_bounds__(kThreads, 1) attention_flash_wgmma_kernel(FlashParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wg_warp = (tid >> 5) & 3;
-  const int blk = p.blocks - 1 - blockIdx.x, qt = blk / p.Hkv, g = blk % p.Hkv;
-  const int q0 = qt * p.tpt, n_tiles = key_tiles(qt, p.tpt, p.T, p.pos0);
-  const int chunk = split_chunk(n_tiles, p.splits);
-  const int kt0 = blockIdx.y * chunk, kt1 = min(n_tiles, kt0 + chunk);
-  if (kt0 >= kt1) return;  // an empty split (the merge skips it)
-  const int n_keys = p.pos0 + min(q0 + p.tpt, p.T);
+  const FlashBlock b = flash_block(p);
+  if (b.kt0 >= b.kt1) return;  // an empty split
+  const int g = b.g, q0 = b.q0, kt0 = b.kt0, kt1 = b.kt1, n_keys = b.n_keys;
 
   // Swizzle atoms must start 1024-byte aligned (descriptor base offset 0).
   const uint32_t s_q = (smem_addr(smem) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1);
   const uint32_t s_k = s_q + kQBytes, s_v = s_k + kKStages * kTileBytes;  // stage st at + st * kTileBytes
   pdl_wait();
 
-  // Q tile: row r = (token q0 + r/G, head g*G + r%G); rows past the block's tokens are
-  // zeros (finite scores, never stored).
+  // Q tile (flash_q_src: rows past the block's tokens are zeros).
 #pragma unroll
   for (int j = 0; j < kFlashRows * kChunks / kThreads; ++j) {
-    const int i = tid + j * kThreads, r = i / kChunks, c = i % kChunks, tok = r / p.G, t = q0 + tok;
-    const bool ok = tok < p.tpt && t < p.T;
-    const size_t src = (static_cast<size_t>(ok ? t : 0) * p.Hq + g * p.G + r % p.G) * kD + c * 8;
+    const int i = tid + j * kThreads, r = i / kChunks, c = i % kChunks;
+    bool ok;
+    const size_t src = flash_q_src(p, b, r, c, kD, ok);
     cp_async16(s_q + sw128_chunk_offset(kFlashRows, r, c), p.q + src, ok ? 16u : 0u);
   }
   // K/V tile kt -> K stage kst, V stage vst; keys past n_keys (not yet written) are zeros.
@@ -184,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_wgmma_kernel(Flas
   // O element 4n + 2h + e = (row r0 + 8h, column 8n + 2 quad + e).
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    flash_store_row<kD>(p, blk, r0 + 8 * h, q0, g, quad, m[h], l[h],
+    flash_store_row<kD>(p, b, r0 + 8 * h, quad, m[h], l[h],
                         [&](int n) { return make_float2(o[4 * n + 2 * h], o[4 * n + 2 * h + 1]); });
 }
 

@@ -51,23 +51,19 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
   constexpr int NT = D / 8;                      // 8-wide output column tiles per warp
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int blk = p.blocks - 1 - blockIdx.x, qt = blk / p.Hkv, g = blk % p.Hkv;
-  const int q0 = qt * p.tpt, n_tiles = key_tiles(qt, p.tpt, p.T, p.pos0);
-  const int chunk = split_chunk(n_tiles, p.splits);
-  const int kt0 = blockIdx.y * chunk, kt1 = min(n_tiles, kt0 + chunk);
-  if (kt0 >= kt1) return;  // an empty split (the merge skips it)
-  const int n_keys = p.pos0 + min(q0 + p.tpt, p.T);
+  const FlashBlock b = flash_block(p);
+  if (b.kt0 >= b.kt1) return;  // an empty split
+  const int g = b.g, q0 = b.q0, kt0 = b.kt0, kt1 = b.kt1, n_keys = b.n_keys;
 
   const uint32_t s_q = smem_addr(smem), s_kv = s_q + kRows * RB;  // stage s: K at s_kv + s*2*kKeys*RB, V after it
   pdl_wait();
 
-  // Q tile: row r = (token q0 + r/G, head g*G + r%G); rows past the block's tokens are
-  // zeros (finite scores, never stored).
+  // Q tile (flash_q_src: rows past the block's tokens are zeros).
 #pragma unroll
   for (int j = 0; j < kRows * CPR / kThreads; ++j) {
-    const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, tok = r / p.G, t = q0 + tok;
-    const bool ok = tok < p.tpt && t < p.T;
-    const size_t src = (static_cast<size_t>(ok ? t : 0) * p.Hq + g * p.G + r % p.G) * D + c * 8;
+    const int i = tid + j * kThreads, r = i / CPR, c = i % CPR;
+    bool ok;
+    const size_t src = flash_q_src(p, b, r, c, D, ok);
     cp_async16(s_q + r * RB + c * 16, p.q + src, ok ? 16u : 0u);
   }
   // K/V tile kt -> stage st; keys past n_keys (not yet written) are zeros.
@@ -181,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_flash_kernel(FlashParam
   for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
 #pragma unroll
   for (int i = 0; i < 2; ++i)
-    flash_store_row<D>(p, blk, r0 + 8 * i, q0, g, quad, m[i], l[i],
+    flash_store_row<D>(p, b, r0 + 8 * i, quad, m[i], l[i],
                        [&](int n) { return make_float2(o[n][2 * i], o[n][2 * i + 1]); });
 }
 
