@@ -12,6 +12,7 @@
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
+#   splitkeys    decode at 512..8K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
 #   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
@@ -55,7 +56,7 @@ export PYTHONPATH=/tmp/lily
 
 # switch -> kernel suites that must pass for it to compete
 declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
-                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_MOE_ROUTED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
+                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
                      [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qgemm
                      [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
@@ -106,6 +107,14 @@ if [ "$pip_rc" = 0 ]; then
         --steps 4 2>&1 | grep '^{' >> "$OUT/gdnrule.log"
     done
   fi
+  if want splitkeys; then  # decode at short contexts with each attention split size (keys per split-K block)
+    : > "$OUT/splitkeys.log"
+    for keys in 64 128 256; do
+      echo "== LILY_CUDA_ATTN_SPLIT_KEYS=$keys" >> "$OUT/splitkeys.log"
+      timeout 120 env LILY_CUDA_ATTN_SPLIT_KEYS=$keys python3 benchmarks/ops/cuda_decode.py --contexts 512,1024,2048,4096,8192 \
+        --steps 128 2>&1 | grep '^{' >> "$OUT/splitkeys.log"
+    done
+  fi
   if want longctx; then  # prefill at 32K and 128K with each route (the attention's share grows with the context)
     : > "$OUT/longctx.log"
     for cfg in "" LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w "LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w"; do
@@ -132,7 +141,7 @@ if [ "$pip_rc" = 0 ]; then
       echo "== prefill $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"
     done
-    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_MOE_ROUTED=1 LILY_CUDA_ATTN_TC=0; do
+    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=0; do
       competes "$cfg" || continue
       echo "== decode $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 64 2>&1 | grep '^{' >> "$OUT/variants.log"
@@ -161,6 +170,7 @@ grep -h '^{' "$OUT/consistency.log" "$OUT/consistency_long.log" "$OUT/decode.log
 grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/gdnrule.log" 2>/dev/null
+grep -E '^(==|\{)' "$OUT/splitkeys.log" 2>/dev/null | cut -c1-110
 grep -E '^(==|\{)' "$OUT/longctx.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
 want variants && want bench && echo "bench ran with: ${PICKED:-the defaults}"

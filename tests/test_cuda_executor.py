@@ -141,12 +141,11 @@ def test_prefill_ablations_are_bit_identical(model_path, monkeypatch, env):
 @pytest.mark.parametrize("env", [{"LILY_PREFILL_GEMM": "exact"}, {"LILY_PREFILL_GEMM": "bf16w"},
                                  {"LILY_PREFILL_GEMM": "wgmma"}, {"LILY_PREFILL_ATTN": "mma"},
                                  {"LILY_PREFILL_GDN": "scan"}, {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0},
-                                 {"LILY_CUDA_MOE_FUSED": 1}, {"LILY_CUDA_MOE_ROUTED": 1}])
+                                 {"LILY_CUDA_MOE_FUSED": 1}])
 def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
     """Each switchable route (the exact-fold GEMM, bf16 weights on mma.sync only, every GEMM
     on wgmma, the mma.sync flash attention, the sequential scan, the chunked form at every
-    length, the SIMT decode attention, the one-launch MoE, routing inside the gate/up
-    kernel) against the CPU reference,
+    length, the SIMT decode attention, the one-launch MoE) against the CPU reference,
     prefill and then greedy decode."""
     cpu = _lily.Engine(model_path, "cpu")
     gpu = engine_with(model_path, monkeypatch, **env)
@@ -181,20 +180,12 @@ def test_routes_at_35b_widths_match_cpu(tmp_path, monkeypatch, env):
 
 @pytest.mark.parametrize("name,value", [("LILY_PREFILL_GDN", "fast"), ("LILY_PREFILL_GEMM", "fp8"),
                                         ("LILY_PREFILL_CHUNK", "0"), ("LILY_PREFILL_CHUNK", "4k"),
-                                        ("LILY_CUDA_MOE_FUSED", "yes"), ("LILY_CUDA_MOE_ROUTED", "2"),
-                                        ("LILY_PREFILL_MOE_TILE", "24"),
+                                        ("LILY_CUDA_MOE_FUSED", "yes"), ("LILY_PREFILL_MOE_TILE", "24"),
                                         ("LILY_PREFILL_MIN_TOKENS", "-1"), ("LILY_PREFILL_ATTN", "fast"),
                                         ("LILY_PREFILL_ATTN", "wgmma")])  # wgmma: head dim 256 only (tiny: 64)
 def test_bad_route_setting_is_named(model_path, monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(lily.LilyError, match=name):
-        _lily.Engine(model_path, "cuda")
-
-
-def test_exclusive_moe_routes_are_refused(model_path, monkeypatch):
-    monkeypatch.setenv("LILY_CUDA_MOE_FUSED", "1")
-    monkeypatch.setenv("LILY_CUDA_MOE_ROUTED", "1")
-    with pytest.raises(lily.LilyError, match="LILY_CUDA_MOE_FUSED=1 and LILY_CUDA_MOE_ROUTED=1"):
         _lily.Engine(model_path, "cuda")
 
 

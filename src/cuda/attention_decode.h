@@ -37,7 +37,10 @@ void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream);
 // partial layout, merge launch and outputs; the 16 rows of an mma tile are the G query
 // heads of a KV head, so G = Hq/Hkv <= 16 (D in 64, 128, 256). The appended K/V rows are
 // bit-identical to attention_decode's; q and P enter the mma as bf16, so outputs differ
-// from it by bf16 rounding (~1e-2 of their RMS).
+// from it by bf16 rounding (~1e-2 of their RMS). It reads pos and the cached keys of earlier
+// positions before waiting on the kernel launched just before it (PDL), which must
+// therefore write neither (decode writes qkv there); any earlier kernel may, as every
+// kernel here lets its dependents start only after its own wait.
 void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream);
 
 size_t attention_partial_floats(int Hq, int Hkv, int D, int max_splits);

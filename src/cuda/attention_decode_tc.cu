@@ -16,8 +16,8 @@
 // Prologue (bit for bit attention_decode's): q = RoPE(RMSNorm(q) * q_norm) / sqrt(D) for
 // the G heads (to bf16 in shared memory); the block holding the position also appends
 // k = RoPE(RMSNorm(k) * k_norm) and v to the cache. The first tiles are already
-// streaming meanwhile; the appended row, not written yet when they are issued, is put
-// into shared memory by the appending warp itself.
+// streaming meanwhile (issued before the wait on the previous kernel); the appended row,
+// not written yet when they are issued, is put into shared memory by the appending warp.
 #include <string>
 
 #include "async_copy.cuh"
@@ -53,9 +53,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   const int g = blockIdx.x, split = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int G = a.Hq / a.Hkv;
 
-  pdl_wait();
-  if (halt && *halt) return;
-  const int pos = *a.pos, L = pos + 1;
+  // pos and the cached keys before it were written a step ago or earlier, so the first
+  // tiles stream before the wait on the QKV projection (attention_decode.h); a block past
+  // the live splits may leave at once (those of split 0 always wait).
+  const int pos = __ldcg(a.pos), L = pos + 1;
   const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
   const int n_tiles = (end - start + kKeys - 1) / kKeys;
@@ -84,6 +85,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     if (t < n_tiles) load_tile(t, direct);
     cp_async_commit();  // one group per tile slot, empty or not: group t holds tile t
   }
+  pdl_wait();
+  if (halt && *halt) return;
 
   // Item 0: the append (one block per KV head); items 1 .. 16: query rows 0 .. 15.
   const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;

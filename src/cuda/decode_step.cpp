@@ -35,9 +35,8 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   router_counter = alloc<unsigned>(1, "workspace router counter");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
-  moe_routed = env_flag("LILY_CUDA_MOE_ROUTED", false);
-  if (moe_fused && moe_routed) fail("LILY_CUDA_MOE_FUSED=1 and LILY_CUDA_MOE_ROUTED=1 exclude each other: set one");
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
+  min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)
@@ -143,14 +142,9 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.act, ws.moe_sync}, ws.h,
                 last ? s.pos : nullptr, halt, stream);
     } else {
-      if (ws.moe_routed) {
-        moe_routed_gate_up(L.router, L.experts, xm, k, c.norm_topk_prob, ws.ids, ws.route_w, ws.shared_gate, ws.act,
-                           halt, stream);
-      } else {
-        moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-                   {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
-        moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
-      }
+      moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
+                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
+      moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
       moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
     }
   }

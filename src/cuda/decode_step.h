@@ -34,12 +34,12 @@ class Workspace {
   unsigned *router_counter = nullptr, *head_counter = nullptr;
   unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
   bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
-  bool moe_routed = false;       // LILY_CUDA_MOE_ROUTED=1: routing inside gate/up (moe_routed_gate_up)
   bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
-  int max_splits = 64, min_chunk = 64;  // attention split-K routing (see attention_decode.h)
+  int max_splits = 64;  // attention split-K routing (see attention_decode.h)
+  int min_chunk = 128;  // keys per split at least (measured at 4K: 128 beats 64 and 256); LILY_CUDA_ATTN_SPLIT_KEYS=N
 
  private:
   std::vector<DeviceBuffer> owned_;

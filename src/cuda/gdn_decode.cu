@@ -17,39 +17,35 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv;
   __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32];
 
-  pdl_wait();
-  if (halt && *halt) return;
-  const int pos = *a.pos;
+  // Only the input projection (proj) comes from the kernel launched just before this one;
+  // pos, the conv ring and the state were last written a step ago (gdn_decode.h), so they
+  // and the weights are read before the wait, through L2 (an SM's L1 may be stale).
+  const int pos = __ldcg(a.pos);
   const int r0 = (pos + 1) & 3, r1 = (pos + 2) & 3, r2 = (pos + 3) & 3, rc = pos & 3;  // pos-3, pos-2, pos-1, pos
 
-  // Causal conv + SiLU. The q/k channels of a key head are shared by Hv/Hk value heads
-  // and all splits; one block writes their ring row (identical values, no race on reads).
-  auto conv = [&](int ch, bool write) {
-    const float x = a.proj[ch];
-    const float4 w = reinterpret_cast<const float4*>(a.conv_w)[ch];
-    const float y = w.x * a.ring[r0 * conv_dim + ch] + w.y * a.ring[r1 * conv_dim + ch] +
-                    w.z * a.ring[r2 * conv_dim + ch] + w.w * x;
-    if (write) a.ring[rc * conv_dim + ch] = x;
-    return siluf_(y);
+  // Causal conv + SiLU of this thread's q, k and v channels (at most one each: Dk, C <= 128
+  // threads). The q/k channels of a key head are shared by Hv/Hk value heads and all
+  // splits; one block writes their ring row (identical values, no race on reads).
+  struct Tap {
+    int ch = -1;
+    float4 w;
+    float past = 0.0f;  // w.x ring[pos-3] + w.y ring[pos-2] + w.z ring[pos-1]
   };
-  const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
-  float sq = 0.0f, sk = 0.0f;
-  for (int i = t; i < a.Dk; i += blockDim.x) {
-    const float q = conv(kh * a.Dk + i, owner), k = conv(a.Hk * a.Dk + kh * a.Dk + i, owner);
-    qs[i] = q;
-    ks[i] = k;
-    sq += q * q;
-    sk += k * k;
+  auto tap = [&](int ch) {
+    Tap c;
+    c.ch = ch;
+    c.w = reinterpret_cast<const float4*>(a.conv_w)[ch];
+    c.past = c.w.x * __ldcg(a.ring + r0 * conv_dim + ch) + c.w.y * __ldcg(a.ring + r1 * conv_dim + ch) +
+             c.w.z * __ldcg(a.ring + r2 * conv_dim + ch);
+    return c;
+  };
+  Tap tq, tk, tv;
+  if (t < a.Dk) {
+    tq = tap(kh * a.Dk + t);
+    tk = tap(a.Hk * a.Dk + kh * a.Dk + t);
   }
-  for (int j = t; j < C; j += blockDim.x) vs[j] = conv(2 * a.Hk * a.Dk + h * a.Dv + split * C + j, true);
-  sq = block_sum(sq, red);
-  sk = block_sum(sk, red);
-  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
-  const float kscale = rsqrtf(sk + 1e-6f);
-  const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
-  const float araw = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h] + a.dt_bias[h];
-  const float softplus = araw > 20.0f ? araw : log1pf(__expf(araw));
-  const float decay = __expf(a.neg_A[h] * softplus);
+  if (t < C) tv = tap(2 * a.Hk * a.Dk + h * a.Dv + split * C + t);
+  const float dt_bias = a.dt_bias[h], neg_A = a.neg_A[h];
 
   const int col = t >> 2, kq = t & 3;
   const bool active = col < C;
@@ -60,12 +56,39 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j) {
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (active && j < nk / 4) v = sin4[j * 4 * C + t];
+    if (active && j < nk / 4) v = __ldcg(sin4 + j * 4 * C + t);
     s[4 * j] = v.x;
     s[4 * j + 1] = v.y;
     s[4 * j + 2] = v.z;
     s[4 * j + 3] = v.w;
   }
+
+  pdl_wait();
+  if (halt && *halt) return;
+  const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
+  auto conv = [&](const Tap& c, bool write) {
+    const float x = a.proj[c.ch];
+    if (write) a.ring[rc * conv_dim + c.ch] = x;
+    return siluf_(c.past + c.w.w * x);
+  };
+  float sq = 0.0f, sk = 0.0f;
+  if (t < a.Dk) {
+    const float q = conv(tq, owner), k = conv(tk, owner);
+    qs[t] = q;
+    ks[t] = k;
+    sq = q * q;
+    sk = k * k;
+  }
+  if (t < C) vs[t] = conv(tv, true);
+  sq = block_sum(sq, red);
+  sk = block_sum(sk, red);
+  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
+  const float kscale = rsqrtf(sk + 1e-6f);
+  const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
+  const float araw = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h] + dt_bias;
+  const float softplus = araw > 20.0f ? araw : log1pf(__expf(araw));
+  const float decay = __expf(neg_A * softplus);
+
   float kv = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxDk / 4; ++i)

@@ -7,6 +7,9 @@
 // The state is read from one buffer and written to another (double buffering), so a
 // step that is later discarded leaves the previous state intact. The gated RMSNorm of
 // o is done by the output projection (XMode::HeadNormGate).
+// pos, the ring and state_in are read before the wait on the kernel launched just before
+// (PDL), which must therefore write none of them (decode writes proj there); any earlier
+// kernel may, as every kernel here lets its dependents start only after its own wait.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -57,6 +57,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
+  // The residual of the first row block, read before the wait (gemv.h says why that is safe):
+  // its round trip leaves the kernel's tail.
+  const int row0 = rb * 16 + threadIdx.x;
+  const float resid0 = Y.mode == YMode::Add && threadIdx.x < 16 && row0 < W.rows ? __ldcg(Y.y + row0) : 0.0f;
   pdl_wait();
   if (halt && *halt) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
@@ -68,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
     const float y = reduce_rows16(red[it & 1], y0, y1);
     const int row = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && row < W.rows) {
-      if (Y.mode == YMode::Add) Y.y[row] += y;
+      if (Y.mode == YMode::Add) Y.y[row] = (it == 0 ? resid0 : Y.y[row]) + y;
       else Y.y[row] = y;
     }
   }

@@ -15,6 +15,9 @@ struct YSpec {
 };
 
 // halt: when non-null and *halt != 0 the kernel does nothing (a finished decode loop).
+// YMode::Add on tiled weights reads a block's first rows of y before waiting on the kernel
+// launched just before it (PDL), so that kernel must not write y; any earlier one may, as
+// every kernel here lets its dependents start only after its own wait.
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream);
 
 }  // namespace lily::cuda

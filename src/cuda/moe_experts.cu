@@ -1,7 +1,6 @@
 #include "moe_experts.h"
 
 #include "gemv_core.cuh"
-#include "moe_cluster_route.cuh"
 #include "qmma.cuh"
 
 #include <algorithm>
@@ -10,15 +9,18 @@
 namespace lily::cuda {
 namespace {
 
-// The router's choice for the block: expert ids and weights of the k slots, and the
-// shared expert's gate in s_w[k].
+// The router's choice for moe_down's block: expert ids and weights of the k slots, and the
+// shared expert's gate in s_w[k]. Read before the wait on moe_gate_up (moe_experts.h says
+// why that is safe), through L2 only (an SM's L1 may hold the previous layer's choice); the
+// ids are clamped to [0, E) as the weight loads before the wait index with them even when
+// a halted router left them unwritten.
 __device__ __forceinline__ void stage_routing(const int* ids, const float* weights, const float* shared_gate, int k,
-                                              int* s_ids, float* s_w) {
+                                              int n_experts, int* s_ids, float* s_w) {
   if (threadIdx.x < k) {
-    s_ids[threadIdx.x] = ids[threadIdx.x];
-    s_w[threadIdx.x] = weights[threadIdx.x];
+    s_ids[threadIdx.x] = min(max(__ldcg(ids + threadIdx.x), 0), n_experts - 1);
+    s_w[threadIdx.x] = __ldcg(weights + threadIdx.x);
   }
-  if (threadIdx.x == 0) s_w[k] = *shared_gate;
+  if (threadIdx.x == 0) s_w[k] = __ldcg(shared_gate);
   __syncthreads();
 }
 
@@ -79,9 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ int s_ids[16];
   __shared__ float s_w[17];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  pdl_wait();
-  if (halt && *halt) return;
-  stage_routing(ids, weights, shared_gate, k, s_ids, s_w);
+  stage_routing(ids, weights, shared_gate, k, m.n_experts, s_ids, s_w);
 
   auto load = [&](int j, uint4 (&cw)[U], uint32_t (&sb)[U], float (&wgt)[U]) {
 #pragma unroll
@@ -101,10 +101,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   float wgt[U];
   int j = blockIdx.x * kWarps + warp;
   if (j < H) load(j, cw, sb, wgt);
+  const float resid0 = lane == 0 && j < H ? __ldcg(h + j) : 0.0f;
+  pdl_wait();
+  if (halt && *halt) return;
   XSpec X;
   X.x = act;
   stage_x<BITS>(X, cols, xs, xsum, scratch);
 
+  const int j0 = j;
   for (; j < H; j += gridDim.x * kWarps) {
     float acc = 0.0f;
 #pragma unroll
@@ -119,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int jn = j + gridDim.x * kWarps;
     if (jn < H) load(jn, cw, sb, wgt);
     acc = warp_sum(acc);
-    if (lane == 0) h[j] += acc;
+    if (lane == 0) h[j] = (j == j0 ? resid0 : h[j]) + acc;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
   pdl_trigger();
@@ -177,34 +181,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   pdl_trigger();
 }
 
-// The same after routing for itself (moe_routed_gate_up): each cluster computes the
-// router (R: [E + 1, H], 8-bit) and the top-k (moe_cluster_route.cuh) in shared memory
-// after the gate/up stage; block 0 writes them out for moe_down.
-template <int GPW>
-__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kWarps * 32, 2)
-    routed_gate_up_mma_kernel(QMat R, MoeExperts m, XSpec X, int k, int norm_topk, int* ids, float* weights,
-                              float* shared_gate, float* act, const int* halt) {
-  extern __shared__ uint4 smem_u4[];
-  __shared__ int s_ids[16];
-  __shared__ float s_w[17];
-  ClusterRoute<4> route(R);  // 4 chunks of 16 bytes per lane and step: one step per 2048-wide 8-bit row
-  route.prefetch(R, threadIdx.x & 31);
-  pdl_wait();
-  if (halt && *halt) return;  // uniform over the grid: no block is left waiting at a cluster barrier
-  route.run(R, X, k, norm_topk != 0, reinterpret_cast<unsigned char*>(smem_u4) + stage_mma_bytes(m.gate_up.cols), s_ids,
-            s_w);
-  if (blockIdx.x == 0 && threadIdx.x <= k) {
-    if (threadIdx.x < k) {
-      ids[threadIdx.x] = s_ids[threadIdx.x];
-      weights[threadIdx.x] = s_w[threadIdx.x];
-    } else {
-      *shared_gate = s_w[k];
-    }
-  }
-  gate_up_tasks<GPW>(m, X, s_ids, k, act, smem_u4);
-  pdl_trigger();
-}
-
 // Tensor-core down + combine: task = 16 output rows; warps take (slot, group) pairs p
 // (the concatenated activations' groups), U each, loaded before the activations are staged.
 template <int U>
@@ -221,9 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ int s_ids[16];
   __shared__ float s_w[17];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  pdl_wait();
-  if (halt && *halt) return;
-  stage_routing(ids, weights, shared_gate, k, s_ids, s_w);
+  stage_routing(ids, weights, shared_gate, k, m.n_experts, s_ids, s_w);
 
   uint4 c[U];
   uint32_t s0[U], s1[U];
@@ -244,6 +218,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   int rb = blockIdx.x;
   if (rb < n_rb) load(rb);
+  const float resid0 = threadIdx.x < 16 && rb < n_rb ? __ldcg(h + rb * 16 + threadIdx.x) : 0.0f;
+  pdl_wait();
+  if (halt && *halt) return;
   XSpec X;
   X.x = act;
   stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
@@ -261,7 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (rb + static_cast<int>(gridDim.x) < n_rb) load(rb + gridDim.x);
     const float y = reduce_rows16(red[it & 1], y0, y1);
-    if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] += y;
+    if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] = (it == 0 ? resid0 : h[rb * 16 + threadIdx.x]) + y;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
   pdl_trigger();
@@ -342,29 +319,6 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
   if (m.gate_up.bits == 4) launch_gate_up<4>(m, X, ids, top_k, act, halt, stream);
   else if (m.gate_up.bits == 8) launch_gate_up<8>(m, X, ids, top_k, act, halt, stream);
   else fail("moe_gate_up: unsupported bit width ", std::to_string(m.gate_up.bits));
-}
-
-void moe_routed_gate_up(const QMat& router, const MoeExperts& m, const XSpec& X, int top_k, bool norm_topk, int* ids,
-                        float* weights, float* shared_gate, float* act, const int* halt, cudaStream_t stream) {
-  check_shapes(m, top_k);
-  const int H = m.gate_up.cols, E = router.rows - 1;
-  if (!tiled(m))
-    fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): needs the tensor-core tile layout of the expert weights");
-  if (router.bits != 8 || router.cols != H || E != m.n_experts || router.tiled)
-    fail("moe_routed_gate_up (LILY_CUDA_MOE_ROUTED=1): the router must be the 8-bit row-major [E + 1, H] matrix, E = ",
-         std::to_string(m.n_experts));
-  if (top_k > m.n_experts)
-    fail("moe_routed_gate_up: top_k ", std::to_string(top_k), " exceeds the ", std::to_string(m.n_experts), " experts");
-  const size_t smem = stage_mma_bytes(H) + cluster_route_bytes(H, E);
-  with_groups_per_warp(H, "moe_routed_gate_up", [&](auto gpw) {
-    const void* kernel = reinterpret_cast<const void*>(routed_gate_up_mma_kernel<gpw>);
-    allow_dynamic_smem(kernel, smem, "moe_routed_gate_up: shared memory opt-in");
-    // At most two blocks per multiprocessor, in clusters that all run at once.
-    const int grid = cluster_grid(kernel, std::min(gate_up_task_count(m, top_k), 2 * sm_count()), kWarps * 32, smem,
-                                  "moe_routed_gate_up: cluster occupancy");
-    launch("moe_routed_gate_up (tensor cores)", routed_gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), smem,
-           stream, router, m, X, top_k, int(norm_topk), ids, weights, shared_gate, act, halt);
-  });
 }
 
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
