@@ -12,7 +12,7 @@
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
-#   splitkeys    decode at 512..8K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
+#   splitkeys    decode at 512..4K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
 #   variants     each alternative route (VARIANTS below): its kernel suite, the GPU pytest
@@ -111,8 +111,8 @@ if [ "$pip_rc" = 0 ]; then
     : > "$OUT/splitkeys.log"
     for keys in 64 128 256; do
       echo "== LILY_CUDA_ATTN_SPLIT_KEYS=$keys" >> "$OUT/splitkeys.log"
-      timeout 120 env LILY_CUDA_ATTN_SPLIT_KEYS=$keys python3 benchmarks/ops/cuda_decode.py --contexts 512,1024,2048,4096,8192 \
-        --steps 128 2>&1 | grep '^{' >> "$OUT/splitkeys.log"
+      timeout 120 env LILY_CUDA_ATTN_SPLIT_KEYS=$keys python3 benchmarks/ops/cuda_decode.py --contexts 512,1024,2048,4096 \
+        --steps 64 2>&1 | grep '^{' >> "$OUT/splitkeys.log"
     done
   fi
   if want longctx; then  # prefill at 32K and 128K with each route (the attention's share grows with the context)
