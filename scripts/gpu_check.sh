@@ -2,7 +2,8 @@
 # Build, test and benchmark the CUDA executor on a GPU machine in one go.
 #   scripts/gpu_check.sh OUT_DIR
 # Steps (LILY_GPU_STEPS, comma-separated; default all):
-#   kernels      kernel tests vs fp64 references, one process per suite (src/cuda/tests)
+#   kernels      kernel tests vs fp64 references, one process per suite (src/cuda/tests; LILY_GPU_SUITES
+#                names a subset, comma-separated)
 #   pytest       the GPU pytest files (CUDA vs CPU executor on small checkpoints)
 #   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes, both
 #                random-weight styles; then 2,304 positions at 4 layers, conditioned weights
@@ -30,6 +31,7 @@ OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 STEPS=",${LILY_GPU_STEPS:-kernels,pytest,consistency,decode,ops,bench},"
+LILY_GPU_SUITES=${LILY_GPU_SUITES:-gemv_moe,sequence,head,qgemm,moe_prefill,gdn_prefill,attention_prefill,moe_fused,wgmma}
 want() { [[ $STEPS == *",$1,"* ]]; }
 JOBS=$(nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS LILY_CUDA=ON PYTHONUNBUFFERED=1
@@ -77,7 +79,7 @@ run_step() {  # name timeout log command...
 
 if want kernels && [ "$kt_build_rc" = 0 ]; then
   : > "$OUT/kernel_tests.log"
-  for suite in gemv_moe sequence head qgemm moe_prefill gdn_prefill attention_prefill moe_fused wgmma; do
+  for suite in ${LILY_GPU_SUITES//,/ }; do
     timeout 100 /tmp/kernel_tests --suite $suite --long >> "$OUT/kernel_tests.log" 2>&1
     RC[kernels_$suite]=$?
     echo "kernels $suite: rc=${RC[kernels_$suite]}"
