@@ -36,7 +36,6 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
-  l2_ahead = env_flag("LILY_CUDA_L2_AHEAD", true);
   min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
                      "workspace expert activations");
@@ -58,27 +57,6 @@ Choice choice_for(const SamplingParams& p) {
   return Choice::TopK;
 }
 
-namespace {
-
-// The layer's input projection.
-const QMat& in_proj(const DeviceLayer& L) { return L.kind == LayerKind::Linear ? L.gdn_in : L.attn_in; }
-
-// What each kernel pulls into L2 for a later one (Workspace::l2_ahead): the input
-// projection asks for the rest of the layer's fixed weights (output projection, router,
-// shared expert) and a Gated DeltaNet layer's recurrent state and conv ring, the router
-// for the experts it chose, the expert down projection for the next layer's input
-// projection.
-L2Ahead after_in_proj(const DeviceLayer& L) {
-  L2Ahead a;
-  a.add(L.kind == LayerKind::Linear ? L.gdn_out : L.attn_out);
-  a.add(L.router);
-  a.add(L.experts.shared_gate_up);
-  a.add(L.experts.shared_down);
-  return a;
-}
-
-}  // namespace
-
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
                   cudaStream_t stream) {
   const int* halt = &ws.ctl->halt;
@@ -86,17 +64,6 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   int full = 0, lin = 0;
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const DeviceLayer& L = W.layers[i];
-    const bool last = i + 1 == W.layers.size();
-    L2Ahead in_ahead = ws.l2_ahead ? after_in_proj(L) : L2Ahead{};
-    if (ws.l2_ahead && L.kind == LayerKind::Linear) {
-      in_ahead.add(s.state[parity][lin], sizeof(float) * c.linear_num_value_heads * c.linear_key_head_dim *
-                                             c.linear_value_head_dim);
-      in_ahead.add(s.ring[lin], sizeof(float) * 4 * c.gdn_conv_dim());
-    }
-    L2Ahead down_ahead;
-    if (ws.l2_ahead && !last) down_ahead.add(in_proj(W.layers[i + 1]));
-    ExpertsAhead experts_ahead;
-    if (ws.l2_ahead) experts_ahead = {{L.experts.gate_up, L.experts.down}, 2, static_cast<int>(c.num_experts)};
     XSpec xin;
     if (i == 0) {
       xin.mode = XMode::EmbedRmsNorm;
@@ -110,7 +77,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xin.w = L.input_norm;
     xin.eps = eps;
     if (L.kind == LayerKind::Linear) {
-      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream, in_ahead);
+      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
       GdnArgs g;
       g.proj = ws.proj;
       g.conv_w = L.conv_w;
@@ -136,7 +103,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream);
       ++lin;
     } else {
-      gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream, in_ahead);
+      gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream);
       AttnArgs a;
       a.qkv = ws.proj;
       a.q_norm = L.q_norm;
@@ -169,16 +136,16 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xm.w = L.post_norm;
     xm.eps = eps;
     const int k = c.num_experts_per_tok;
+    const bool last = i + 1 == W.layers.size();
     if (ws.moe_fused) {
       moe_fused(L.router, L.experts, xm, k, c.norm_topk_prob,
                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.act, ws.moe_sync}, ws.h,
                 last ? s.pos : nullptr, halt, stream);
     } else {
       moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter, experts_ahead}, halt, stream);
+                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
       moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
-      moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream,
-               down_ahead);
+      moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
     }
   }
 }

@@ -35,7 +35,6 @@ class Workspace {
   unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
   bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
   bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
-  bool l2_ahead = true;           // weights pulled into L2 a few kernels early (L2Ahead); LILY_CUDA_L2_AHEAD=0: off
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host

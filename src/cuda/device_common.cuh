@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "cuda_check.h"
-#include "kernel_types.h"
 
 namespace lily::cuda {
 
@@ -16,25 +15,6 @@ namespace lily::cuda {
 // its own prologue. Both are no-ops when the kernel was launched without PDL.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// Asks L2 for [p, p + bytes) without waiting (bytes a multiple of 16, p 16-byte aligned).
-__device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// This block's share of the ranges of a: thread r takes the blockIdx.x-th of gridDim.x
-// equal pieces (16-byte multiples) of range r.
-__device__ __forceinline__ void l2_ahead(const L2Ahead& a) {
-  const int r = threadIdx.x;
-  if (r >= a.n) return;
-  const size_t piece = (a.bytes[r] / gridDim.x + 16) & ~size_t{15};
-  const size_t start = blockIdx.x * piece;
-  if (start >= a.bytes[r]) return;
-  const size_t len = min(piece, a.bytes[r] - start) & ~size_t{15};
-  if (len) l2_prefetch(static_cast<const char*>(a.p[r]) + start, static_cast<uint32_t>(len));
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

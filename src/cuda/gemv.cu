@@ -14,7 +14,7 @@ constexpr int kWarps = 8;
 // lane holds U chunks of each row per tile step. The first tile is loaded before the
 // wait on the previous kernel, the next tile while the current one is consumed.
 template <int BITS, int R, int U>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpec Y, const int* halt, L2Ahead ahead) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ float4 smem[];
   float4* xs = smem;
   float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
@@ -28,7 +28,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
   };
   RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, n_groups, W.chunks());
   walk.prefetch(W_of, rows_of, lane);
-  l2_ahead(ahead);
   pdl_wait();
   if (halt && *halt) return;
   stage_x<BITS>(X, W.cols, xs, xsum, scratch);
@@ -49,7 +48,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
 // split the groups (GPW each) and meet in shared memory; the next row block's tiles are
 // loaded while this one is computed, the first before the wait on the previous kernel.
 template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt, L2Ahead ahead) {
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
@@ -62,7 +61,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   // its round trip leaves the kernel's tail.
   const int row0 = rb * 16 + threadIdx.x;
   const float resid0 = Y.mode == YMode::Add && threadIdx.x < 16 && row0 < W.rows ? __ldcg(Y.y + row0) : 0.0f;
-  l2_ahead(ahead);
   pdl_wait();
   if (halt && *halt) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
@@ -82,8 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
 }
 
 template <int GPW>
-void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream,
-                     const L2Ahead& ahead) {
+void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   auto kernel = gemv_mma_kernel<GPW>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
   static const int blocks_per_sm = [&] {
@@ -93,11 +90,11 @@ void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* h
   }();
   const int n_rb = (W.rows + 15) / 16;
   const int grid = std::min(n_rb, blocks_per_sm * sm_count());
-  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt, ahead);
+  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
 }
 
 template <int BITS, int R, int U>
-void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   auto kernel = gemv_kernel<BITS, R, U>;
   const size_t smem = stage_bytes<BITS>(W.cols);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
@@ -108,44 +105,44 @@ void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt,
   }();
   const int groups = (W.rows + R - 1) / R;
   const int grid = std::min((groups + kWarps - 1) / kWarps, blocks_per_sm * sm_count());
-  launch("gemv", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, Y, halt, ahead);
+  launch("gemv", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, Y, halt);
 }
 
 // Rows per warp: enough warps for every multiprocessor first (R*U <= 8 tile registers).
 template <int BITS, int U>
-void pick_rows(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+void pick_rows(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   const int target = 16 * sm_count();
   if constexpr (U <= 2) {
-    if (W.rows >= 4 * target) return launch_gemv<BITS, 4, U>(W, X, Y, halt, stream, ahead);
+    if (W.rows >= 4 * target) return launch_gemv<BITS, 4, U>(W, X, Y, halt, stream);
   }
-  if (W.rows >= 2 * target) launch_gemv<BITS, 2, U>(W, X, Y, halt, stream, ahead);
-  else launch_gemv<BITS, 1, U>(W, X, Y, halt, stream, ahead);
+  if (W.rows >= 2 * target) launch_gemv<BITS, 2, U>(W, X, Y, halt, stream);
+  else launch_gemv<BITS, 1, U>(W, X, Y, halt, stream);
 }
 
 // Chunks per lane: one tile step covers a whole row when it has <= 128 chunks.
 template <int BITS>
-void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   const int chunks = W.chunks();
-  if (chunks <= 32) pick_rows<BITS, 1>(W, X, Y, halt, stream, ahead);
-  else if (chunks <= 64) pick_rows<BITS, 2>(W, X, Y, halt, stream, ahead);
-  else pick_rows<BITS, 4>(W, X, Y, halt, stream, ahead);
+  if (chunks <= 32) pick_rows<BITS, 1>(W, X, Y, halt, stream);
+  else if (chunks <= 64) pick_rows<BITS, 2>(W, X, Y, halt, stream);
+  else pick_rows<BITS, 4>(W, X, Y, halt, stream);
 }
 
 }  // namespace
 
-void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
   if (X.mode == XMode::HeadNormGate && (X.head_dim % 4 != 0 || W.cols / X.head_dim > 64))
     fail("gemv: head norm needs head_dim % 4 == 0 and at most 64 heads");
   if (W.tiled) {
     const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream, ahead);
-    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream, ahead);
-    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream, ahead);
-    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream, ahead);
+    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);
+    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream);
+    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream);
+    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream);
     else fail("gemv: tiled weights with more than 4096 columns are not supported");
-  } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream, ahead);
-  else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream, ahead);
+  } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
+  else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);
   else fail("gemv: ", std::to_string(W.bits), "-bit weights are not supported (4 or 8)");
 }
 

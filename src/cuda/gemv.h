@@ -18,8 +18,6 @@ struct YSpec {
 // YMode::Add on tiled weights reads a block's first rows of y before waiting on the kernel
 // launched just before it (PDL), so that kernel must not write y; any earlier one may, as
 // every kernel here lets its dependents start only after its own wait.
-// ahead: weights of later kernels to pull into L2 (L2Ahead), none by default.
-void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream,
-          const L2Ahead& ahead = {});
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream);
 
 }  // namespace lily::cuda

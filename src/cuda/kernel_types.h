@@ -2,10 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
-
-#include "error.h"
 
 namespace lily::cuda {
 
@@ -19,36 +16,6 @@ struct QMat {
   bool tiled = false;  // 4-bit, group 64, in the tensor-core tile order (qmma.cuh)
   __host__ __device__ int chunks() const { return cols * bits / 128; }
   __host__ __device__ int groups() const { return chunks() >> gshift; }
-  // Bytes of the codes and of the scale|bias words (rows unpadded).
-  __host__ __device__ size_t code_bytes() const { return static_cast<size_t>(rows) * cols * bits / 8; }
-  __host__ __device__ size_t sb_bytes() const { return static_cast<size_t>(rows) * groups() * 4; }
-};
-
-// Weights that a later kernel of the decode step reads, pulled into L2 by an earlier
-// kernel before its PDL wait (l2_ahead in device_common.cuh) so that the later one reads
-// L2 instead of HBM. Decode is latency-bound at ~20 % of the bandwidth, so these reads
-// overlap phases that wait on latency. Ranges are 16-byte aligned.
-struct L2Ahead {
-  static constexpr int kMax = 10;
-  const void* p[kMax] = {};
-  size_t bytes[kMax] = {};
-  int n = 0;
-  void add(const void* ptr, size_t b) {
-    if (n == kMax) fail("L2Ahead: more than ", std::to_string(kMax), " ranges");
-    p[n] = ptr;
-    bytes[n++] = b;
-  }
-  void add(const QMat& W) {
-    add(W.codes, W.code_bytes());
-    add(W.sb, W.sb_bytes());
-  }
-};
-
-// The chosen experts' slices of stacked expert matrices (expert e = the e-th of E equal
-// row ranges), which moe_router pulls into L2 once it has chosen them.
-struct ExpertsAhead {
-  QMat m[2];
-  int n = 0, E = 0;
 };
 
 // How a block builds its input vector x [cols] before the dot products.

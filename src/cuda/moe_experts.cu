@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int BITS, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     down_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate, int k,
-                float* h, int* pos_inc, const int* halt, L2Ahead ahead) {
+                float* h, int* pos_inc, const int* halt) {
   extern __shared__ float4 smem[];
   constexpr int CPC = cols_per_chunk<BITS>();
   const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
@@ -102,7 +102,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   int j = blockIdx.x * kWarps + warp;
   if (j < H) load(j, cw, sb, wgt);
   const float resid0 = lane == 0 && j < H ? __ldcg(h + j) : 0.0f;
-  l2_ahead(ahead);
   pdl_wait();
   if (halt && *halt) return;
   XSpec X;
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 template <int U>
 __global__ void __launch_bounds__(kWarps * 32)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-                    int k, float* h, int* pos_inc, const int* halt, L2Ahead ahead) {
+                    int k, float* h, int* pos_inc, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
   const int gI = I / 64, gS = Is / 64, P = k * gI + gS, cols = k * I + Is, n_rb = H / 16;
@@ -220,7 +219,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   int rb = blockIdx.x;
   if (rb < n_rb) load(rb);
   const float resid0 = threadIdx.x < 16 && rb < n_rb ? __ldcg(h + rb * 16 + threadIdx.x) : 0.0f;
-  l2_ahead(ahead);
   pdl_wait();
   if (halt && *halt) return;
   XSpec X;
@@ -268,7 +266,7 @@ void launch_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int k, 
 
 template <int BITS>
 void launch_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-                 int k, float* h, int* pos_inc, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+                 int k, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
   const int H = m.shared_down.rows, cols = k * m.inter + m.shared_inter;
   const int n_chunks = cols / cols_per_chunk<BITS>();
   const size_t smem = stage_bytes<BITS>(cols);
@@ -276,7 +274,7 @@ void launch_down(const MoeExperts& m, const float* act, const int* ids, const fl
   const int grid = std::min((H + kWarps - 1) / kWarps, 2 * sm_count());
 #define LILY_DOWN(U)                                                                                                  \
   launch("moe_down", down_kernel<BITS, U>, dim3(grid), dim3(kWarps * 32), smem, stream, m, act, ids, weights, shared_gate, \
-         k, h, pos_inc, halt, ahead)
+         k, h, pos_inc, halt)
   if (n_chunks <= 64) LILY_DOWN(2);
   else if (n_chunks <= 160) LILY_DOWN(5);
   else if (n_chunks <= 320) LILY_DOWN(10);
@@ -324,7 +322,7 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
 }
 
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream, const L2Ahead& ahead) {
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
   check_shapes(m, top_k);
   if (tiled(m)) {
     const int H = m.shared_down.rows, cols = top_k * m.inter + m.shared_inter;
@@ -334,7 +332,7 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
     if (smem > 48 * 1024) fail("moe_down: expert width too large for the staged activations");
 #define LILY_DN(N)                                                                                                  \
   launch("moe_down (tensor cores)", down_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem, stream, m, act, ids, \
-         weights, shared_gate, top_k, h, pos_inc, halt, ahead)
+         weights, shared_gate, top_k, h, pos_inc, halt)
     if (u <= 1) LILY_DN(1);
     else if (u <= 2) LILY_DN(2);
     else if (u <= 5) LILY_DN(5);
@@ -343,8 +341,8 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
 #undef LILY_DN
     return;
   }
-  if (m.down.bits == 4) launch_down<4>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream, ahead);
-  else if (m.down.bits == 8) launch_down<8>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream, ahead);
+  if (m.down.bits == 4) launch_down<4>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);
+  else if (m.down.bits == 8) launch_down<8>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);
   else fail("moe_down: unsupported bit width ", std::to_string(m.down.bits));
 }
 

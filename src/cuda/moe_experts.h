@@ -27,8 +27,7 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
 // the wait on the kernel launched just before (PDL), which must therefore write none of
 // ids, weights, shared_gate and h (moe_gate_up writes act only); any earlier kernel may,
 // as every kernel here lets its dependents start only after its own wait.
-// ahead: weights of later kernels to pull into L2 (L2Ahead), none by default.
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream, const L2Ahead& ahead = {});
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream);
 
 }  // namespace lily::cuda

@@ -12,18 +12,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kMaxTopK = 16;
 
-// Pulls the chosen experts' slices of a's matrices into L2 (codes and scale|bias words):
-// lane q takes (slot q / 2n, matrix q / 2 % n, part q % 2). ids are this warp's writes.
-__device__ void experts_ahead(const ExpertsAhead& a, const int* ids, int k) {
-  for (int q = threadIdx.x & 31; q < k * a.n * 2; q += 32) {
-    const QMat& W = a.m[q / 2 % a.n];
-    const bool sb = q & 1;
-    const size_t per = (sb ? W.sb_bytes() : W.code_bytes()) / a.E;
-    const char* base = sb ? reinterpret_cast<const char*>(W.sb) : reinterpret_cast<const char*>(W.codes);
-    if (per % 16 == 0) l2_prefetch(base + ids[q / (2 * a.n)] * per, static_cast<uint32_t>(per));
-  }
-}
-
 template <int BITS, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     router_kernel(QMat W, XSpec X, int E, int k, int norm_topk, RouterOut out, const int* halt) {
@@ -52,11 +40,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (warp == 0) {
+  if (warp == 0)
     route_topk(GlobalLogits{out.logits}, E, k, norm_topk != 0, reinterpret_cast<float*>(smem), out.ids, out.weights, out.shared_gate);
-    __syncwarp();
-    experts_ahead(out.ahead, out.ids, k);
-  }
   if (threadIdx.x == 0) *out.counter = 0;
 }
 

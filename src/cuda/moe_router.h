@@ -15,7 +15,6 @@ struct RouterOut {
   float* weights = nullptr;      // [k] routing weights
   float* shared_gate = nullptr;  // [1] sigmoid(shared_expert_gate . x)
   unsigned* counter = nullptr;   // zero before the first launch; the last block resets it
-  ExpertsAhead ahead;            // the chosen experts' weights, pulled into L2 (none by default)
 };
 
 // W: [E + 1, H]; X: how x is built (RMSNorm of h with the post-attention norm).

@@ -1,7 +1,6 @@
 // GEMV (every x/y mode, 4 and 8 bits, several group sizes) and the MoE kernels
 // (router + top-k, gate/up, down + combine) against fp64 references.
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "gemv.h"
@@ -90,16 +89,6 @@ void test_gemv(int bits, int group, int rows, int cols, XMode mode, YMode ymode,
   std::snprintf(name, sizeof name, "gemv %d-bit g%d %dx%d %s %s%s", bits, group, rows, cols, names[int(mode)],
                 ymode == YMode::Add ? "add" : "store", tiled ? " (tensor cores)" : "");
   report(name, rel_err(from_dev(dy, rows), ref), tiled ? 2e-4 : 1e-4);
-  if (ymode == YMode::Store) {  // pulling weights into L2 on the way is a hint: the same bits
-    L2Ahead ahead;
-    ahead.add(dW);
-    float* dy2 = dev_alloc<float>(rows);
-    gemv(dW, X, {ymode, dy2}, nullptr, 0, ahead);
-    CK(cudaGetLastError());
-    const auto a = from_dev(dy, rows), b = from_dev(dy2, rows);
-    expect("  with L2Ahead ranges: the same bits", std::memcmp(a.data(), b.data(), rows * sizeof(float)) == 0);
-    cudaFree(dy2);
-  }
   if (mode == XMode::EmbedRmsNorm) {
     std::vector<double> e(cols);
     for (int c = 0; c < cols; ++c) e[c] = E.deq[29 * static_cast<size_t>(cols) + c];
@@ -145,12 +134,8 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   QMat dR = upload_q(router);
   float* dh = to_dev(h);
   float* dw = to_dev(w);
-  // With the decode step's L2 requests (hints that must change nothing): the chosen
-  // experts' weights from the router, the router's own rows from down.
   RouterOut out{dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1),
-                dev_alloc<unsigned>(1, false), {{m.gate_up, m.down}, 2, E}};
-  L2Ahead down_ahead;
-  down_ahead.add(dR);
+                dev_alloc<unsigned>(1, false)};
   float* act = dev_alloc<float>(k * I + Is);
   XSpec X;
   X.mode = XMode::RmsNorm;
@@ -158,7 +143,7 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   X.w = dw;
   moe_router(dR, X, E, k, true, out, nullptr, 0);
   moe_gate_up(m, X, out.ids, k, act, nullptr, 0);
-  moe_down(m, act, out.ids, out.weights, out.shared_gate, k, dh, nullptr, nullptr, 0, down_ahead);
+  moe_down(m, act, out.ids, out.weights, out.shared_gate, k, dh, nullptr, nullptr, 0);
   CK(cudaGetLastError());
 
   const std::vector<double> x = rmsnorm(h, w, 1e-6);
