@@ -6,6 +6,9 @@ context limit, snapshots and sampling. Skipped where no CUDA device is visible."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +179,43 @@ def test_routes_at_35b_widths_match_cpu(tmp_path, monkeypatch, env):
     ids = benchmark_tokens(n, int(config["vocab_size"]))
     ref = cpu.forward(cpu.new_session(n), ids, all_logits=True)
     assert_consistent(ref, gpu.forward(gpu.new_session(n), ids, all_logits=True), str(env))
+
+
+DECODE_LOGITS = """
+import json, sys
+import numpy as np
+from lily import _lily
+from lily.consistency import benchmark_tokens
+path, out = sys.argv[1], sys.argv[2]
+vocab = json.load(open(path))["vocab_size"]
+engine = _lily.Engine.random(path, "cuda", 0, 0, "conditioned")
+ids = benchmark_tokens(88, vocab)
+session = engine.new_session(96)
+engine.forward(session, ids[:40])
+np.save(out, np.stack([engine.forward(session, ids[i:i + 1]) for i in range(40, 88)]))
+"""
+
+
+def test_decode_is_the_same_without_pdl(tmp_path):
+    """The decode kernels read before their PDL wait whatever the kernel launched just
+    before them does not write (docs/cuda.md); without PDL nothing overlaps. Every decode
+    kernel is deterministic, so 48 single-token steps (the decode step's graphs) at
+    Qwen3.6-35B-A3B's widths give the same logits bit for bit either way. LILY_CUDA_PDL is
+    read once per process, hence the two processes."""
+    config = synthetic.tiny_config(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                   linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
+                                   linear_value_head_dim=128, moe_intermediate_size=512,
+                                   shared_expert_intermediate_size=512)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    logits = []
+    for pdl in ("1", "0"):
+        out = tmp_path / f"pdl{pdl}.npy"
+        env = {**os.environ, "LILY_CUDA_PDL": pdl}
+        subprocess.run([sys.executable, "-c", DECODE_LOGITS, str(path), str(out)], env=env, check=True)
+        logits.append(np.load(out))
+    assert logits[0].shape == (48, config["vocab_size"]) and np.isfinite(logits[0]).all()
+    assert np.array_equal(logits[0], logits[1]), "decode logits differ with and without PDL"
 
 
 @pytest.mark.parametrize("name,value", [("LILY_PREFILL_GDN", "fast"), ("LILY_PREFILL_GEMM", "fp8"),

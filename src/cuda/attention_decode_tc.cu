@@ -86,7 +86,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     cp_async_commit();  // one group per tile slot, empty or not: group t holds tile t
   }
   pdl_wait();
-  if (halt && *halt) return;
+  if (halt && *halt) {
+    cp_async_wait<0>();  // leave no copy into this block's shared memory in flight
+    return;
+  }
 
   // Item 0: the append (one block per KV head); items 1 .. 16: query rows 0 .. 15.
   const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "attention_decode.h"
 #include "cuda_weights.h"
 #include "decode_ctl.h"
 #include "device_buffer.h"
@@ -38,8 +39,8 @@ class Workspace {
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
-  int max_splits = 64;  // attention split-K routing (see attention_decode.h)
-  int min_chunk = 128;  // keys per split at least (measured at 4K: 128 beats 64 and 256); LILY_CUDA_ATTN_SPLIT_KEYS=N
+  int max_splits = AttnArgs{}.max_splits;  // attention split-K routing (attention_decode.h)
+  int min_chunk = AttnArgs{}.min_chunk;    // LILY_CUDA_ATTN_SPLIT_KEYS=N
 
  private:
   std::vector<DeviceBuffer> owned_;

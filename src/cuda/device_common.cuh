@@ -10,9 +10,12 @@
 
 namespace lily::cuda {
 
-// PDL: a kernel may start while its predecessor finishes. Everything before pdl_wait()
-// must touch only read-only data (weights); pdl_trigger() lets the next kernel start
-// its own prologue. Both are no-ops when the kernel was launched without PDL.
+// PDL: a kernel may start while its predecessor finishes. pdl_trigger() lets the next
+// kernel start its own prologue; every kernel calls it only after its pdl_wait(), so when
+// a kernel starts, the one launched two before it has completed. Before pdl_wait() a
+// kernel may read weights and data last written two or more launches back (through L2:
+// ld.global.cg), never what its direct predecessor writes. Both are no-ops when the kernel
+// was launched without PDL.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
