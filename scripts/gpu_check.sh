@@ -13,6 +13,8 @@
 #   ablations    prefill at 4K under each ablation switch of docs/perf-log.md
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
+#   timeline     per-kernel time inside real decode steps (LILY_TIMELINE_CONTEXTS, default 4096): a second
+#                build with -DLILY_CUDA_TIMELINE, benchmarks/ops/decode_timeline.py
 #   splitkeys    decode at 512..4K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
@@ -117,6 +119,18 @@ if [ "$pip_rc" = 0 ]; then
         --steps 64 2>&1 | grep '^{' >> "$OUT/splitkeys.log"
     done
   fi
+  if want timeline; then  # per-kernel time inside real decode steps, from a second build with the timeline on
+    CUDAFLAGS=-DLILY_CUDA_TIMELINE python3 -m pip install -q --no-build-isolation --no-deps \
+      --config-settings=build-dir=/tmp/lily_tl_build --target /tmp/lily_tl . > "$OUT/build_timeline.log" 2>&1 &&
+      for ctx in ${LILY_TIMELINE_CONTEXTS:-4096}; do
+        rm -f /tmp/timeline_$ctx.txt
+        PYTHONPATH=/tmp/lily_tl LILY_CUDA_TIMELINE_OUT=/tmp/timeline_$ctx.txt timeout 120 \
+          python3 benchmarks/ops/cuda_decode.py --contexts $ctx --steps 64 > /dev/null 2>&1
+        echo "== decode timeline at $ctx"
+        python3 benchmarks/ops/decode_timeline.py /tmp/timeline_$ctx.txt --json "$OUT/timeline_$ctx.json"
+      done > "$OUT/timeline.log" 2>&1
+    echo "timeline: rc=$? ($(head -2 "$OUT/timeline.log" | tail -1))"
+  fi
   if want longctx; then  # prefill at 32K and 128K with each route (the attention's share grows with the context)
     : > "$OUT/longctx.log"
     for cfg in "" LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w "LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w"; do
@@ -173,6 +187,7 @@ grep -m1 -A16 "prefill profile, chunk of 4096 tokens" "$OUT/profile.log" 2>/dev/
 grep -E '^(==|\{)' "$OUT/ablations.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/gdnrule.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/splitkeys.log" 2>/dev/null | cut -c1-110
+cat "$OUT/timeline.log" 2>/dev/null | head -40
 grep -E '^(==|\{)' "$OUT/longctx.log" 2>/dev/null
 grep -E '^(==|\{)' "$OUT/variants.log" 2>/dev/null
 want variants && want bench && echo "bench ran with: ${PICKED:-the defaults}"

@@ -79,8 +79,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   const int hq = blockIdx.x, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float w_s[kAttnMaxSplits], red[kAttnMergeWarps][D], total[1];
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   const int L = *a.pos + 1;
   const int n_splits = split_range(a, L, 0).n_splits;
   if (n_splits == 1) return;  // the attention kernel wrote the output

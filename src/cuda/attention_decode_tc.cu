@@ -85,8 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     if (t < n_tiles) load_tile(t, direct);
     cp_async_commit();  // one group per tile slot, empty or not: group t holds tile t
   }
-  pdl_wait();
-  if (halt && *halt) {
+  if (wait_halted(halt)) {
     cp_async_wait<0>();  // leave no copy into this block's shared memory in flight
     return;
   }

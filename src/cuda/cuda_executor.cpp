@@ -5,6 +5,8 @@
 #include "cuda_executor.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 
@@ -153,6 +155,11 @@ class CudaExecutor : public Executor {
   void prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits);
   void reserve_staging(int64_t n);
   void upload_ctl(const CudaSession& s, const GenerateRequest& req);
+#ifdef LILY_CUDA_TIMELINE
+  void dump_timeline();
+  DeviceBuffer timeline_;
+  int timeline_calls_ = 0;
+#endif
 
   int device_;
   std::string name_;
@@ -302,6 +309,10 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   ctl.presence = p.presence_penalty;
   ctl.frequency = p.frequency_penalty;
   ctl.seed = p.seed;
+#ifdef LILY_CUDA_TIMELINE
+  if (!timeline_.bytes()) timeline_ = DeviceBuffer(kTimelineCap * sizeof(TimelineRec), "decode timeline");
+  ctl.timeline = timeline_.as<TimelineRec>();
+#endif
   check(cudaMemcpyAsync(ws_->ctl, &ctl, sizeof(ctl), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (decode control)");
   if (ctl.penalties) {
     const int64_t V = weights_->config.vocab_size;
@@ -422,8 +433,32 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
   check(cudaMemcpyAsync(s.last_logits.data(), s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
         "cudaMemcpyAsync (logits)");
   check(cudaStreamSynchronize(stream_), "decode loop end");
+#ifdef LILY_CUDA_TIMELINE
+  dump_timeline();
+#endif
   return r;
 }
+
+#ifdef LILY_CUDA_TIMELINE
+// Appends this generate() call's timeline to $LILY_CUDA_TIMELINE_OUT, one line per kernel:
+// call, index, grid, threads, start and released (ns).
+void CudaExecutor::dump_timeline() {
+  const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
+  if (!path || !*path) return;
+  unsigned n = 0;
+  check(cudaMemcpy(&n, &ws_->ctl->timeline_n, sizeof(n), cudaMemcpyDeviceToHost), "timeline count");
+  std::vector<TimelineRec> recs(std::min(n, kTimelineCap));
+  check(cudaMemcpy(recs.data(), timeline_.as<TimelineRec>(), recs.size() * sizeof(TimelineRec), cudaMemcpyDeviceToHost),
+        "timeline records");
+  std::FILE* f = std::fopen(path, "a");
+  if (!f) fail("LILY_CUDA_TIMELINE_OUT: cannot open ", path);
+  for (size_t i = 0; i < recs.size(); ++i)
+    std::fprintf(f, "%d %zu %u %u %llu %llu\n", timeline_calls_, i, recs[i].grid, recs[i].threads, recs[i].start,
+                 recs[i].released);
+  std::fclose(f);
+  ++timeline_calls_;
+}
+#endif
 
 void CudaExecutor::copy_session(CudaSession& dst, const CudaSession& src) {
   if (src.position() > dst.max_context)

@@ -3,11 +3,26 @@
 // kernels update. A step that finds `halt` set does nothing, so steps queued ahead of
 // the host never change the session once generation has ended.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace lily::cuda {
 
 constexpr int kMaxStopIds = 64;
+
+#ifdef LILY_CUDA_TIMELINE
+// A measurement build (nvcc -DLILY_CUDA_TIMELINE): block 0 of every decode kernel appends
+// when it started and when its PDL wait returned (%globaltimer, ns), in launch order. The
+// wait of kernel N+1 returns when kernel N has completed, so the differences of `released`
+// are the time each kernel adds to the step (benchmarks/ops/decode_timeline.py). Every
+// kernel given a halt pointer must then be given &DecodeCtl::halt (the engine does; the
+// kernel tests, with plain int flags, are not built this way).
+struct TimelineRec {
+  unsigned long long start = 0, released = 0;
+  unsigned grid = 0, threads = 0;
+};
+constexpr unsigned kTimelineCap = 1u << 20;
+#endif
 
 struct DecodeCtl {
   int halt = 0;         // set by the device when a stop rule fires
@@ -22,7 +37,12 @@ struct DecodeCtl {
   float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
   unsigned long long seed = 0;
   int stop_ids[kMaxStopIds] = {};
+#ifdef LILY_CUDA_TIMELINE
+  TimelineRec* timeline = nullptr;  // [kTimelineCap]
+  unsigned timeline_n = 0;
+#endif
 };
+static_assert(offsetof(DecodeCtl, halt) == 0, "wait_halted finds the DecodeCtl from &halt");
 
 // Where a chosen token goes.
 struct TokenSink {

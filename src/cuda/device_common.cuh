@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cuda_check.h"
+#include "decode_ctl.h"
 
 namespace lily::cuda {
 
@@ -18,6 +19,28 @@ namespace lily::cuda {
 // was launched without PDL.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// The decode kernels' wait: the PDL wait, then whether the decode loop has halted (a step
+// queued after generation ended does nothing). halt is &DecodeCtl::halt or null; in a
+// timeline build block 0 records the wait in the DecodeCtl's timeline (decode_ctl.h).
+__device__ __forceinline__ bool wait_halted(const int* halt) {
+#ifdef LILY_CUDA_TIMELINE
+  DecodeCtl* ctl = reinterpret_cast<DecodeCtl*>(const_cast<int*>(halt));
+  if (ctl && ctl->timeline && blockIdx.x + blockIdx.y + blockIdx.z + threadIdx.x + threadIdx.y == 0) {
+    const unsigned i = atomicAdd(&ctl->timeline_n, 1u);
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    pdl_wait();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    if (i < kTimelineCap) ctl->timeline[i] = {t0, t1, gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y};
+  } else {
+    pdl_wait();
+  }
+#else
+  pdl_wait();
+#endif
+  return halt && *halt;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     s[4 * j + 3] = v.w;
   }
 
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
   auto conv = [&](const Tap& c, bool write) {
     const float x = a.proj[c.ch];

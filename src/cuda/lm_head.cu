@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   };
   RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, (W.rows + R - 1) / R, W.chunks());
   if (a.compute) walk.prefetch(W_of, rows_of, lane);
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   BlockChoice ch(a);
 
   if (a.compute) {
@@ -115,8 +114,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   BlockChoice ch(a);
   stage_x_mma(a.X, W.cols, xf, xsum, raw, raw + W.cols);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {

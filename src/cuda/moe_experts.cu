@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ int s_ids[16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int I = m.inter, Is = m.shared_inter, routed = k * I;
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
   __syncthreads();
   auto W_of = [&](int item) -> const QMat& { return item < routed ? m.gate_up : m.shared_gate_up; };
@@ -102,8 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   int j = blockIdx.x * kWarps + warp;
   if (j < H) load(j, cw, sb, wgt);
   const float resid0 = lane == 0 && j < H ? __ldcg(h + j) : 0.0f;
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   XSpec X;
   X.x = act;
   stage_x<BITS>(X, cols, xs, xsum, scratch);
@@ -173,8 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   __shared__ int s_ids[16];
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
   __syncthreads();
   gate_up_tasks<GPW>(m, X, s_ids, k, act, smem_u4);
@@ -219,8 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   int rb = blockIdx.x;
   if (rb < n_rb) load(rb);
   const float resid0 = threadIdx.x < 16 && rb < n_rb ? __ldcg(h + rb * 16 + threadIdx.x) : 0.0f;
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   XSpec X;
   X.x = act;
   stage_x_mma(X, cols, xf, xsum, raw, raw + cols);

@@ -64,8 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   int task = blockIdx.x;
   MmaTiles<GPW> next;
   if (task < n_shared) next.load(m.shared_gate_up, task, g0, G, lane);
-  pdl_wait();
-  if (halt && *halt) return;  // uniform over the grid: every block leaves before any barrier
+  if (wait_halted(halt)) return;  // uniform over the grid: every block leaves before any barrier
 
   // Phase 1: router logits.
   {

@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   auto rows_of = [&](int g, int (&row)[1]) { row[0] = g; };
   RowWalk<BITS, 1, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, W.rows, W.chunks());
   walk.prefetch(W_of, rows_of, lane);
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   stage_x<BITS>(X, W.cols, xs, xsum, scratch);
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[1]) {
     if (lane == 0) out.logits[g] = acc[0];

@@ -59,8 +59,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ unsigned s_prefix, s_above, s_count;
   __shared__ int s_first, s_keep;
 
-  pdl_wait();
-  if (halt && *halt) return;
+  if (wait_halted(halt)) return;
   const DecodeCtl c = *ctl_ptr;
   const int tid = threadIdx.x;
   const int Vl = c.vocab_limit > 0 ? min(c.vocab_limit, V) : V;

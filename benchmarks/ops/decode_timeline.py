@@ -1,0 +1,97 @@
+"""What each kernel of a real decode step costs, from a timeline build (src/cuda/decode_ctl.h).
+
+    CUDAFLAGS=-DLILY_CUDA_TIMELINE pip install --no-build-isolation --no-deps --target DIR .
+    LILY_CUDA_TIMELINE_OUT=tl.txt PYTHONPATH=DIR python benchmarks/ops/cuda_decode.py --contexts 4096
+    python benchmarks/ops/decode_timeline.py tl.txt [--json OUT]
+
+Block 0 of every decode kernel records when it started and when its PDL wait returned.
+Kernel N+1's wait returns once kernel N has completed, so released[N+1] - released[N] is
+what kernel N adds to the step, where it runs: its weights from HBM, its predecessor's tail
+overlapped. The registry's warm and cold numbers only bound that. The last generate()
+call in the file is read; the kernels of one step repeat with a period found from their
+grid sizes, and the step starts where a kernel did not wait (a graph's first kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+
+from lily import synthetic
+
+GDN_LAYER = ["in-proj (GDN)", "gdn_decode", "out-proj (GDN)", "router", "gate/up", "down"]
+ATTN_LAYER = ["in-proj (attn)", "attention", "attention merge", "out-proj (attn)", "router", "gate/up", "down"]
+
+
+def load_last_call(path: str) -> np.ndarray:
+    rows = [line.split() for line in open(path) if line.strip()]
+    last = max(int(r[0]) for r in rows)
+    recs = np.array([[int(x) for x in r[1:]] for r in rows if int(r[0]) == last], dtype=np.int64)
+    return recs[np.argsort(recs[:, 0])]  # index, grid, threads, start, released
+
+
+def period(sig: list[tuple[int, int]]) -> int:
+    """The smallest shift under which the kernel signatures of the second half repeat."""
+    half = len(sig) // 2
+    for k in range(2, half):
+        same = sum(sig[i] == sig[i + k] for i in range(half, len(sig) - k))
+        if same >= 0.99 * (len(sig) - k - half):
+            return k
+    raise SystemExit("no repeating step found: run more decode steps")
+
+
+def step_names(config: dict, k: int) -> list[str]:
+    body = []
+    for kind in config["layer_types"]:
+        body += ATTN_LAYER if kind == "full_attention" else GDN_LAYER
+    if len(body) > k:
+        return [f"kernel {i}" for i in range(k)]
+    return body + [f"head {j}" for j in range(k - len(body))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("timeline")
+    ap.add_argument("--config", help="the model's config.json (default: Qwen3.6-35B-A3B, as cuda_decode.py runs)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    recs = load_last_call(args.timeline)
+    sig = [(int(g), int(t)) for g, t in recs[:, 1:3]]
+    k = period(sig)
+    start, released = recs[:, 3], recs[:, 4]
+    waited = released - start
+    phase = min(range(k), key=lambda p: float(np.median(waited[p::k])))
+    first = phase + k  # skip the first step (graph warm-up)
+    steps = (len(recs) - first - 1) // k
+    if steps < 4:
+        raise SystemExit(f"only {steps} whole steps in the timeline: run more decode steps")
+    config = json.load(open(args.config)) if args.config else synthetic.config_35b()
+    names = step_names(config, k)
+    cost = np.diff(released.astype(np.float64)) / 1e3  # µs kernel i adds: released[i+1] - released[i]
+    per_name: dict[str, list[float]] = defaultdict(list)
+    for s in range(steps):
+        base = first + s * k
+        for p in range(k):
+            per_name[names[p]].append(cost[base + p])
+    step_us = np.median([(released[first + (s + 1) * k] - released[first + s * k]) / 1e3 for s in range(steps)])
+    print(f"{steps} steps of {k} kernels: {step_us:.1f} µs per step ({1e6 / step_us:.1f} tok/s)")
+    print("| kernel | launches per step | median µs | sum per step µs | share |")
+    print("|---|---:|---:|---:|---:|")
+    rows = []
+    for name, v in per_name.items():
+        n = names.count(name)
+        total = float(np.sum(v)) / steps
+        rows.append({"kernel": name, "per_step": n, "median_us": float(np.median(v)), "step_us": total})
+    for r in sorted(rows, key=lambda r: -r["step_us"]):
+        print(f"| {r['kernel']} | {r['per_step']} | {r['median_us']:.2f} | {r['step_us']:.1f} | "
+              f"{100 * r['step_us'] / step_us:.1f} % |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"step_us": float(step_us), "kernels_per_step": k, "steps": steps, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
