@@ -14,7 +14,7 @@
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
 #   timeline     per-kernel time inside real decode steps (LILY_TIMELINE_CONTEXTS, default 4096): a second
-#                build with -DLILY_CUDA_TIMELINE, benchmarks/ops/decode_timeline.py
+#                build with LILY_CUDA_TIMELINE=ON, benchmarks/ops/decode_timeline.py
 #   splitkeys    decode at 512..4K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
@@ -120,7 +120,7 @@ if [ "$pip_rc" = 0 ]; then
     done
   fi
   if want timeline; then  # per-kernel time inside real decode steps, from a second build with the timeline on
-    CUDAFLAGS=-DLILY_CUDA_TIMELINE python3 -m pip install -q --no-build-isolation --no-deps \
+    python3 -m pip install -q --no-build-isolation --no-deps --config-settings=cmake.define.LILY_CUDA_TIMELINE=ON \
       --config-settings=build-dir=/tmp/lily_tl_build --target /tmp/lily_tl . > "$OUT/build_timeline.log" 2>&1 &&
       for ctx in ${LILY_TIMELINE_CONTEXTS:-4096}; do
         rm -f /tmp/timeline_$ctx.txt

@@ -1,6 +1,6 @@
 """What each kernel of a real decode step costs, from a timeline build (src/cuda/decode_ctl.h).
 
-    CUDAFLAGS=-DLILY_CUDA_TIMELINE pip install --no-build-isolation --no-deps --target DIR .
+    pip install --no-build-isolation --no-deps --config-settings=cmake.define.LILY_CUDA_TIMELINE=ON --target DIR .
     LILY_CUDA_TIMELINE_OUT=tl.txt PYTHONPATH=DIR python benchmarks/ops/cuda_decode.py --contexts 4096
     python benchmarks/ops/decode_timeline.py tl.txt [--json OUT]
 
