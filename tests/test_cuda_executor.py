@@ -158,6 +158,14 @@ def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
     assert_greedy_is_cpu_argmax(cpu, gpu, ids[:40], 16)
 
 
+def config_at_35b_widths() -> dict:
+    """Four layers (3 GDN + 1 attention) at Qwen3.6-35B-A3B's widths, 8 experts."""
+    return synthetic.tiny_config(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                 linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
+                                 linear_value_head_dim=128, moe_intermediate_size=512,
+                                 shared_expert_intermediate_size=512)
+
+
 @pytest.mark.parametrize("env", [{}, {"LILY_PREFILL_ATTN": "mma", "LILY_PREFILL_GEMM": "bf16w"}])
 def test_routes_at_35b_widths_match_cpu(tmp_path, monkeypatch, env):
     """Four layers (3 GDN + 1 attention) at Qwen3.6-35B-A3B's widths (hidden 2048, head dim
@@ -165,10 +173,7 @@ def test_routes_at_35b_widths_match_cpu(tmp_path, monkeypatch, env):
     one chunk: the shapes for which the default prefill takes the wgmma flash attention and
     the wgmma dense GEMMs (K >= 2048, chunks >= 2,048), and, switched off, their mma.sync
     alternatives. The tiny checkpoints (head dim 64, hidden 128) reach neither."""
-    config = synthetic.tiny_config(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-                                   linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
-                                   linear_value_head_dim=128, moe_intermediate_size=512,
-                                   shared_expert_intermediate_size=512)
+    config = config_at_35b_widths()
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     cpu = _lily.Engine.random(str(path), "cpu", 0, 0, "conditioned")
@@ -202,10 +207,7 @@ def test_decode_is_the_same_without_pdl(tmp_path):
     kernel is deterministic, so 48 single-token steps (the decode step's graphs) at
     Qwen3.6-35B-A3B's widths give the same logits bit for bit either way. LILY_CUDA_PDL is
     read once per process, hence the two processes."""
-    config = synthetic.tiny_config(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-                                   linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
-                                   linear_value_head_dim=128, moe_intermediate_size=512,
-                                   shared_expert_intermediate_size=512)
+    config = config_at_35b_widths()
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     logits = []
