@@ -123,11 +123,11 @@ if [ "$pip_rc" = 0 ]; then
     python3 -m pip install -q --no-build-isolation --no-deps --config-settings=cmake.define.LILY_CUDA_TIMELINE=ON \
       --config-settings=build-dir=/tmp/lily_tl_build --target /tmp/lily_tl . > "$OUT/build_timeline.log" 2>&1 &&
       for ctx in ${LILY_TIMELINE_CONTEXTS:-4096}; do
-        rm -f /tmp/timeline_$ctx.txt
-        PYTHONPATH=/tmp/lily_tl LILY_CUDA_TIMELINE_OUT=/tmp/timeline_$ctx.txt timeout 120 \
+        rm -f "$OUT/timeline_$ctx.txt"
+        PYTHONPATH=/tmp/lily_tl LILY_CUDA_TIMELINE_OUT="$OUT/timeline_$ctx.txt" timeout 120 \
           python3 benchmarks/ops/cuda_decode.py --contexts $ctx --steps 64 > /dev/null 2>&1
         echo "== decode timeline at $ctx"
-        python3 benchmarks/ops/decode_timeline.py /tmp/timeline_$ctx.txt --json "$OUT/timeline_$ctx.json"
+        python3 benchmarks/ops/decode_timeline.py "$OUT/timeline_$ctx.txt" --positions 26 --json "$OUT/timeline_$ctx.json"
       done > "$OUT/timeline.log" 2>&1
     echo "timeline: rc=$? ($(head -2 "$OUT/timeline.log" | tail -1))"
   fi

@@ -9,7 +9,8 @@ Kernel N+1's wait returns once kernel N has completed, so released[N+1] - releas
 what kernel N adds to the step, where it runs: its weights from HBM, its predecessor's tail
 overlapped. The registry's warm and cold numbers only bound that. The last generate()
 call in the file is read; the kernels of one step repeat with a period found from their
-grid sizes, and the step starts where a kernel did not wait (a graph's first kernel).
+grid sizes, and the step starts where a kernel started longest after its predecessor's release (a
+graph's first kernel waits for the whole previous graph).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def load_last_call(path: str) -> np.ndarray:
     rows = [line.split() for line in open(path) if line.strip()]
     last = max(int(r[0]) for r in rows)
     recs = np.array([[int(x) for x in r[1:]] for r in rows if int(r[0]) == last], dtype=np.int64)
-    return recs[np.argsort(recs[:, 0])]  # index, grid, threads, start, released
+    return recs[np.argsort(recs[:, 0])]  # index, grid, threads, start, released[, marks]
 
 
 def period(sig: list[tuple[int, int]]) -> int:
@@ -57,14 +58,18 @@ def main() -> None:
     ap.add_argument("timeline")
     ap.add_argument("--config", help="the model's config.json (default: Qwen3.6-35B-A3B, as cuda_decode.py runs)")
     ap.add_argument("--json")
+    ap.add_argument("--positions", type=int, default=0, help="also list the first N kernels of a step (and its last two) one by one")
     args = ap.parse_args()
     recs = load_last_call(args.timeline)
     sig = [(int(g), int(t)) for g, t in recs[:, 1:3]]
     k = period(sig)
     start, released = recs[:, 3], recs[:, 4]
     waited = released - start
-    phase = min(range(k), key=lambda p: float(np.median(waited[p::k])))
-    first = phase + k  # skip the first step (graph warm-up)
+    # A step's first kernel starts only once the previous step (its graph) has completed:
+    # the longest gap between a kernel's start and its predecessor's release.
+    gap = start[1:] - released[:-1]
+    phase = 1 + max(range(k), key=lambda p: float(np.median(gap[p::k])))
+    first = phase % k + k  # skip the first step (graph warm-up)
     steps = (len(recs) - first - 1) // k
     if steps < 4:
         raise SystemExit(f"only {steps} whole steps in the timeline: run more decode steps")
@@ -88,6 +93,26 @@ def main() -> None:
     for r in sorted(rows, key=lambda r: -r["step_us"]):
         print(f"| {r['kernel']} | {r['per_step']} | {r['median_us']:.2f} | {r['step_us']:.1f} | "
               f"{100 * r['step_us'] / step_us:.1f} % |")
+    if args.positions:
+        # lead: how long before its predecessor completed a kernel started (its prologue's head start);
+        # marks: when block 0 got past each step of its work (0, 1: per kernel; done: its end), from
+        # its wait's release; tail: from block 0's end to the next kernel's release.
+        marks = recs[:, 5:]
+        print("| # | kernel | grid x threads | lead µs | waited µs | mark 0 | mark 1 | done | tail | adds µs (mean) |")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for p in sorted(set(range(min(args.positions, k))) | {k - 2, k - 1}):
+            idx = np.array([first + s * k + p for s in range(steps)])
+            lead = np.median((released[idx - 1] - start[idx]) / 1e3)
+            cells = []
+            for j in range(marks.shape[1]):
+                m = marks[idx, j]
+                cells.append(f"{np.median((m - released[idx]) / 1e3):.2f}" if np.all(m > 0) else "")
+            if marks.shape[1]:
+                done = marks[idx, -1]
+                cells.append(f"{np.median((released[idx + 1] - done) / 1e3):.2f}" if np.all(done > 0) else "")
+            cells += [""] * (4 - len(cells))
+            print(f"| {p} | {names[p]} | {recs[idx[0], 1]} x {recs[idx[0], 2]} | {lead:.2f} | "
+                  f"{np.median(waited[idx]) / 1e3:.2f} | {' | '.join(cells)} | {np.mean(cost[idx]):.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"step_us": float(step_us), "kernels_per_step": k, "steps": steps, "rows": rows}, f, indent=1)

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
 #pragma unroll
   for (int i = 0; i < DPL; ++i) red[warp][lane * DPL + i] = acc[i];
   __syncthreads();
-  pdl_trigger();
+  decode_trigger();
   const float* gate = a.qkv + static_cast<size_t>(hq) * 2 * D + D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float y = 0.0f;

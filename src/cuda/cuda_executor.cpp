@@ -441,7 +441,7 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
 
 #ifdef LILY_CUDA_TIMELINE
 // Appends this generate() call's timeline to $LILY_CUDA_TIMELINE_OUT, one line per kernel:
-// call, index, grid, threads, start and released (ns).
+// call, index, grid, threads, start, released and the marks (ns).
 void CudaExecutor::dump_timeline() {
   const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
   if (!path || !*path) return;
@@ -452,9 +452,12 @@ void CudaExecutor::dump_timeline() {
         "timeline records");
   std::FILE* f = std::fopen(path, "a");
   if (!f) fail("LILY_CUDA_TIMELINE_OUT: cannot open ", path);
-  for (size_t i = 0; i < recs.size(); ++i)
-    std::fprintf(f, "%d %zu %u %u %llu %llu\n", timeline_calls_, i, recs[i].grid, recs[i].threads, recs[i].start,
+  for (size_t i = 0; i < recs.size(); ++i) {
+    std::fprintf(f, "%d %zu %u %u %llu %llu", timeline_calls_, i, recs[i].grid, recs[i].threads, recs[i].start,
                  recs[i].released);
+    for (unsigned long long m : recs[i].mark) std::fprintf(f, " %llu", m);
+    std::fputc('\n', f);
+  }
   std::fclose(f);
   ++timeline_calls_;
 }

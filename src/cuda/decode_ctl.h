@@ -17,9 +17,13 @@ constexpr int kMaxStopIds = 64;
 // are the time each kernel adds to the step (benchmarks/ops/decode_timeline.py). Every
 // kernel given a halt pointer must then be given &DecodeCtl::halt (the engine does; the
 // kernel tests, with plain int flags, are not built this way).
+// mark[j]: when block 0 got past step j of its work (kernels name their steps with
+// timeline_mark; the last one, kTimelineDone, is the kernel's end).
+constexpr int kTimelineMarks = 3, kTimelineDone = kTimelineMarks - 1;
 struct TimelineRec {
   unsigned long long start = 0, released = 0;
   unsigned grid = 0, threads = 0;
+  unsigned long long mark[kTimelineMarks] = {};
 };
 constexpr unsigned kTimelineCap = 1u << 20;
 #endif

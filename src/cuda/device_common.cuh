@@ -20,19 +20,46 @@ namespace lily::cuda {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+#ifdef LILY_CUDA_TIMELINE
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool timeline_thread() {
+  return blockIdx.x + blockIdx.y + blockIdx.z + threadIdx.x + threadIdx.y == 0;
+}
+// Block 0's record in a timeline build (set by wait_halted; null without a DecodeCtl).
+__device__ __forceinline__ TimelineRec*& timeline_rec() {
+  __shared__ TimelineRec* rec;
+  return rec;
+}
+#endif
+
+// In a timeline build block 0 notes when it got past step j of its work (decode_ctl.h);
+// otherwise nothing. Only after wait_halted.
+__device__ __forceinline__ void timeline_mark(int j) {
+#ifdef LILY_CUDA_TIMELINE
+  if (timeline_thread() && timeline_rec()) timeline_rec()->mark[j] = globaltimer();
+#endif
+}
+
 // The decode kernels' wait: the PDL wait, then whether the decode loop has halted (a step
 // queued after generation ended does nothing). halt is &DecodeCtl::halt or null; in a
 // timeline build block 0 records the wait in the DecodeCtl's timeline (decode_ctl.h).
 __device__ __forceinline__ bool wait_halted(const int* halt) {
 #ifdef LILY_CUDA_TIMELINE
   DecodeCtl* ctl = reinterpret_cast<DecodeCtl*>(const_cast<int*>(halt));
-  if (ctl && ctl->timeline && blockIdx.x + blockIdx.y + blockIdx.z + threadIdx.x + threadIdx.y == 0) {
-    const unsigned i = atomicAdd(&ctl->timeline_n, 1u);
-    unsigned long long t0, t1;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (timeline_thread()) {
+    TimelineRec* rec = nullptr;
+    if (ctl && ctl->timeline) {
+      const unsigned i = atomicAdd(&ctl->timeline_n, 1u);
+      if (i < kTimelineCap) rec = ctl->timeline + i;
+    }
+    const unsigned long long t0 = globaltimer();
     pdl_wait();
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    if (i < kTimelineCap) ctl->timeline[i] = {t0, t1, gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y};
+    if (rec) *rec = {t0, globaltimer(), gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y};
+    timeline_rec() = rec;
   } else {
     pdl_wait();
   }
@@ -40,6 +67,14 @@ __device__ __forceinline__ bool wait_halted(const int* halt) {
   pdl_wait();
 #endif
   return halt && *halt;
+}
+
+// The decode kernels' trigger, at their end (a timeline build notes it as kTimelineDone).
+__device__ __forceinline__ void decode_trigger() {
+#ifdef LILY_CUDA_TIMELINE
+  timeline_mark(kTimelineDone);
+#endif
+  pdl_trigger();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

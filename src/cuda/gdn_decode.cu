@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-  pdl_trigger();
+  decode_trigger();
 }
 
 }  // namespace

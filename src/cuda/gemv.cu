@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
         }
     }
   });
-  pdl_trigger();
+  decode_trigger();
 }
 
 // Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its warps
@@ -62,11 +62,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   const float resid0 = Y.mode == YMode::Add && threadIdx.x < 16 && row0 < W.rows ? __ldcg(Y.y + row0) : 0.0f;
   if (wait_halted(halt)) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
+  timeline_mark(0);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
     if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
     cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    if (it == 0) timeline_mark(1);
     const float y = reduce_rows16(red[it & 1], y0, y1);
     const int row = rb * 16 + threadIdx.x;
     if (threadIdx.x < 16 && row < W.rows) {
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
       else Y.y[row] = y;
     }
   }
-  pdl_trigger();
+  decode_trigger();
 }
 
 template <int GPW>

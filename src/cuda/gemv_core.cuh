@@ -208,7 +208,9 @@ struct SlotOperands {
 // aligned groups of up to 32 consecutive slots. Ends with a barrier.
 // A thread's first kHeld slots are loaded together with their pass-B operands and kept in
 // registers, so x, the norm weight and z arrive in one memory round trip (cols <= 4096 at
-// 256 threads), not one before and one after the block reduction.
+// 256 threads), not one before and one after the block reduction. x and z (in global
+// memory) are read through L2 (ld.cg), so a kernel may build x before its PDL wait when
+// the kernel that wrote them has completed (device_common.cuh).
 template <typename Emit>
 __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, Emit emit) {
   constexpr int kHeld = 4;
@@ -218,7 +220,7 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
   const bool rms = X.mode == XMode::RmsNorm || X.mode == XMode::EmbedRmsNorm;
 
   auto raw_value = [&](int f) {
-    if (X.mode != XMode::EmbedRmsNorm) return reinterpret_cast<const float4*>(X.x)[f];
+    if (X.mode != XMode::EmbedRmsNorm) return __ldcg(reinterpret_cast<const float4*>(X.x) + f);
     const int row = *X.token;
     const float4 v = make_float4(embed_value(X.embed, row, 4 * f), embed_value(X.embed, row, 4 * f + 1),
                                  embed_value(X.embed, row, 4 * f + 2), embed_value(X.embed, row, 4 * f + 3));
@@ -230,7 +232,7 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
     if (rms) {
       o.w = reinterpret_cast<const float4*>(X.w)[f];
     } else if (X.mode == XMode::HeadNormGate) {
-      o.z = reinterpret_cast<const float4*>(X.z)[f];
+      o.z = __ldcg(reinterpret_cast<const float4*>(X.z) + f);
       o.w = *reinterpret_cast<const float4*>(X.w + (4 * f) % X.head_dim);
     }
     return o;

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int item, const float (&acc)[2]) {
     if (lane == 0) act[item] = siluf_(acc[0]) * acc[1];
   });
-  pdl_trigger();
+  decode_trigger();
 }
 
 // One warp per output row j. The k routed slots and the shared slot are laid out back
@@ -124,17 +124,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (lane == 0) h[j] = (j == j0 ? resid0 : h[j]) + acc;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
-  pdl_trigger();
+  decode_trigger();
 }
 
 // Tensor-core gate/up tasks of this block (tiled weights, each 16-row block = 8 gate rows
-// + their 8 up rows), once the k expert ids are in s_ids: task = (slot, row block) -> 8
-// outputs SiLU(gate) * up; warps split the groups. smem_u4: stage_mma_bytes(H).
+// + their 8 up rows), once x is staged and the k expert ids are in s_ids: task = (slot,
+// row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
 template <int GPW>
-__device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const XSpec& X, const int* s_ids, int k, float* act,
-                                              uint4* smem_u4) {
-  const int H = m.gate_up.cols, G = H / 64;
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
+__device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const uint4* xf, const float* xsum, const int* s_ids,
+                                              int k, float* act) {
+  const int G = m.gate_up.cols / 64;
   __shared__ float red[2][kWarps][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
@@ -149,13 +148,13 @@ __device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const XSpec& 
   int task = blockIdx.x, rb = 0;
   MmaTiles<GPW> next;
   if (task < n_tasks) next.load(tile_of(task, rb), rb, g0, G, lane);
-  stage_x_mma(X, H, xf, xsum, raw, raw + H);
   for (int it = 0; task < n_tasks; task += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
     const int nt = task + gridDim.x;
     if (nt < n_tasks) next.load(tile_of(nt, rb), rb, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
     cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    if (it == 0) timeline_mark(1);
     put_rows16(red[it & 1], y0, y1);
     __syncthreads();
     if (threadIdx.x < 8) {
@@ -166,16 +165,22 @@ __device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const XSpec& 
   }
 }
 
+// x = RMSNorm(h) is staged before the wait: h was last written by the out-projection, the
+// kernel launched two before this one (the router comes between).
 template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   __shared__ int s_ids[16];
+  const int H = m.gate_up.cols;
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
+  stage_x_mma(X, H, xf, xsum, raw, raw + H);
   if (wait_halted(halt)) return;
+  timeline_mark(0);
   if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
   __syncthreads();
-  gate_up_tasks<GPW>(m, X, s_ids, k, act, smem_u4);
-  pdl_trigger();
+  gate_up_tasks<GPW>(m, xf, xsum, s_ids, k, act);
+  decode_trigger();
 }
 
 // Tensor-core down + combine: task = 16 output rows; warps take (slot, group) pairs p
@@ -220,6 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   XSpec X;
   X.x = act;
   stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
+  timeline_mark(0);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
     float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
@@ -232,12 +238,13 @@ __global__ void __launch_bounds__(kWarps * 32)
         y1 = fmaf(wgt, group_term(s1[i], v.y, xs), y1);
       }
     }
+    if (it == 0) timeline_mark(1);
     if (rb + static_cast<int>(gridDim.x) < n_rb) load(rb + gridDim.x);
     const float y = reduce_rows16(red[it & 1], y0, y1);
     if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] = (it == 0 ? resid0 : h[rb * 16 + threadIdx.x]) + y;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
-  pdl_trigger();
+  decode_trigger();
 }
 
 void check_shapes(const MoeExperts& m, int k) {

@@ -158,16 +158,12 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   pdl_trigger();
   if (rb3 >= n_rb) return;
 
-  // The activations come from other blocks: read through L2 into the fragment area (which
-  // build_x reads in its first pass only, before the barrier that precedes its writes).
+  // The activations come from other blocks (build_x reads x through L2).
   {
     float* xsum3 = reinterpret_cast<float*>(xf + cols3 / 4);
     float* raw = xsum3 + (P + 3) / 4 * 4;
-    float4* a = reinterpret_cast<float4*>(xf);
-    for (int i = threadIdx.x; i < cols3 / 4; i += blockDim.x) a[i] = __ldcg(reinterpret_cast<const float4*>(s.act) + i);
-    __syncthreads();
     XSpec A;
-    A.x = reinterpret_cast<const float*>(a);
+    A.x = s.act;
     stage_x_mma(A, cols3, xf, xsum3, raw, raw + cols3);
   }
   const float* xsum3 = reinterpret_cast<const float*>(xf + cols3 / 4);

@@ -27,15 +27,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   walk.prefetch(W_of, rows_of, lane);
   if (wait_halted(halt)) return;
   stage_x<BITS>(X, W.cols, xs, xsum, scratch);
+  timeline_mark(0);
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[1]) {
     if (lane == 0) out.logits[g] = acc[0];
   });
-  pdl_trigger();
+  decode_trigger();
 
   // The last block to finish routes (the other blocks' logits are visible after the fence).
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(out.counter, 1u) == gridDim.x - 1;
+  timeline_mark(1);
   __syncthreads();
   if (!last) return;
   __threadfence();

@@ -34,6 +34,7 @@ template <class Logit>
 __device__ inline void route_topk(Logit logit, int E, int k, bool norm_topk, float* p, int* ids, float* w,
                                   float* shared_gate) {
   const int lane = threadIdx.x & 31;
+  const float gate_logit = lane == 0 ? logit(E) : 0.0f;  // read with the others: one round trip
   float m = -FLT_MAX;
   for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(e));
   m = warp_max(m);
@@ -64,7 +65,7 @@ __device__ inline void route_topk(Logit logit, int E, int k, bool norm_topk, flo
     ids[lane] = chosen_i;
     w[lane] = chosen_p / (norm_topk ? chosen_sum : z);
   }
-  if (lane == 0) *shared_gate = sigmoidf_(logit(E));
+  if (lane == 0) *shared_gate = sigmoidf_(gate_logit);
 }
 
 }  // namespace lily::cuda
