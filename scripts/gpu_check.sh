@@ -14,7 +14,8 @@
 #   gdnrule      prefill at 64..4K with the sequential scan and with the chunked GDN
 #                (the measured rule that picks one by length)
 #   timeline     per-kernel time inside real decode steps (LILY_TIMELINE_CONTEXTS, default 4096): a second
-#                build with LILY_CUDA_TIMELINE=ON, benchmarks/ops/decode_timeline.py
+#                build with LILY_CUDA_TIMELINE=ON, benchmarks/ops/decode_timeline.py (per kernel, then
+#                the first 26 kernels of a step one by one); the raw records go into logs.tgz
 #   splitkeys    decode at 512..4K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
