@@ -1,6 +1,7 @@
 """benchmarks/ops/decode_timeline.py on a timeline written here: known per-kernel costs
 must come back per kernel name, from the last generate() call in the file, whatever
-kernel the record starts with."""
+kernel the record starts with and whether kernels start early or not; with --positions,
+each kernel's lead, wait, marks and tail."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lily import synthetic
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ops" / "decode_timeline.py"
 
 
-def test_timeline_costs_per_kernel(tmp_path):
+def write_timeline(path: Path, early_wait_ns: int, marks: bool) -> list[tuple[int, float]]:
+    """A run of known kernels; returns one step's (grid, µs). Kernels launched early wait
+    early_wait_ns (0: each starts when its predecessor ends, as without an early trigger).
+    With marks, block 0 passes step j at released + 0.5 (j + 1) µs and ends 0.7 µs before
+    the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end."""
     config = synthetic.config_35b()
     gdn = [(4, 1.0), (128, 2.0), (132, 3.0), (33, 4.0), (264, 5.0), (128, 6.0)]  # (grid, µs)
     attn = [(4, 1.5), (64, 7.0), (16, 0.5), (128, 3.5), (33, 4.0), (264, 5.0), (128, 6.0)]
@@ -28,15 +34,29 @@ def test_timeline_costs_per_kernel(tmp_path):
     t, lines = 1_000_000, []
     for i, (grid, us) in enumerate(kernels):
         first_of_graph = i < 2 or (i - 2) % len(step) == 0
-        wait = 0 if first_of_graph else 3_000  # ns a kernel launched early waits
-        lines.append(f"1 {i} {grid} 256 {t - wait} {t}")
+        wait = 0 if first_of_graph else early_wait_ns
+        line = f"1 {i} {grid} 256 {t - wait} {t}"
+        if marks:
+            m = [t + 500, t + 1000] if (grid, us) != (128, 2.0) else [0, 0]
+            line += " " + " ".join(str(x) for x in m + [t + int(us * 1000) - 700])
+        lines.append(line)
         t += int(us * 1000)
-    path = tmp_path / "tl.txt"
     earlier_call = [f"0 {i} 7 32 {i} {i}" for i in range(50)]  # a warm-up call: not read
     path.write_text("\n".join(earlier_call + lines) + "\n")
-    out = tmp_path / "tl.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(path), "--json", str(out)], check=True, capture_output=True)
-    got = json.loads(out.read_text())
+    return step
+
+
+def run_script(path: Path, *extra: str) -> tuple[dict, str]:
+    out = path.with_suffix(".json")
+    done = subprocess.run([sys.executable, str(SCRIPT), str(path), "--json", str(out), *extra], check=True,
+                          capture_output=True, text=True)
+    return json.loads(out.read_text()), done.stdout
+
+
+@pytest.mark.parametrize("early_wait_ns", [3_000, 0])
+def test_timeline_costs_per_kernel(tmp_path, early_wait_ns):
+    step = write_timeline(tmp_path / "tl.txt", early_wait_ns, marks=False)
+    got, _ = run_script(tmp_path / "tl.txt")
     assert got["kernels_per_step"] == len(step)
     assert abs(got["step_us"] - sum(us for _, us in step)) < 1e-6
     rows = {r["kernel"]: r for r in got["rows"]}
@@ -44,3 +64,22 @@ def test_timeline_costs_per_kernel(tmp_path):
     assert np.isclose(rows["attention"]["median_us"], 7.0) and rows["attention"]["per_step"] == 10
     assert np.isclose(rows["router"]["step_us"], 40 * 4.0)
     assert np.isclose(rows["head 0"]["median_us"], 100.0)
+
+
+def test_timeline_positions_with_marks(tmp_path):
+    write_timeline(tmp_path / "tl.txt", 3_000, marks=True)
+    _, out = run_script(tmp_path / "tl.txt", "--positions", "3")
+    table = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit():
+            table[int(cells[0])] = cells
+    assert sorted(table) == [0, 1, 2, 249, 250], table.keys()
+    name, grid, lead, waited, m0, m1, done, tail, adds = table[0][1:]
+    assert (name, grid) == ("in-proj (GDN)", "4 x 256")
+    assert (lead, waited) == ("-100.00", "0.00")  # the step's first kernel starts after the head
+    assert (m0, m1, done, tail, adds) == ("0.50", "1.00", "0.30", "0.70", "1.00")
+    name, _, lead, waited, m0, m1, done, tail, adds = table[1][1:]
+    assert name == "gdn_decode" and (lead, waited) == ("2.00", "3.00")  # launched 3 µs early
+    assert (m0, m1, done, tail, adds) == ("", "", "1.30", "0.70", "2.00")  # marks only its end
+    assert table[250][1] == "head 0" and table[250][-1] == "100.00"
