@@ -19,8 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ops" / "decode_ti
 
 
 def write_timeline(path: Path, early_wait_ns: int, marks: bool) -> list[tuple[int, float]]:
-    """A run of known kernels; returns one step's (grid, µs). Kernels launched early wait
-    early_wait_ns (0: each starts when its predecessor ends, as without an early trigger).
+    """A run of known kernels; returns one step's (grid, µs). Each kernel but a graph's
+    first starts early_wait_ns before its release, in its predecessor's tail (0: when its
+    predecessor ends).
     With marks, block 0 passes step j at released + 0.5 (j + 1) µs and ends 0.7 µs before
     the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end."""
     config = synthetic.config_35b()
@@ -80,6 +81,6 @@ def test_timeline_positions_with_marks(tmp_path):
     assert (lead, waited) == ("-100.00", "0.00")  # the step's first kernel starts after the head
     assert (m0, m1, done, tail, adds) == ("0.50", "1.00", "0.30", "0.70", "1.00")
     name, _, lead, waited, m0, m1, done, tail, adds = table[1][1:]
-    assert name == "gdn_decode" and (lead, waited) == ("2.00", "3.00")  # launched 3 µs early
+    assert name == "gdn_decode" and (lead, waited) == ("2.00", "3.00")  # started 3 µs before its release
     assert (m0, m1, done, tail, adds) == ("", "", "1.30", "0.70", "2.00")  # marks only its end
     assert table[250][1] == "head 0" and table[250][-1] == "100.00"

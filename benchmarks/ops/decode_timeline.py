@@ -10,7 +10,9 @@ what kernel N adds to the step, where it runs: its weights from HBM, its predece
 overlapped. The registry's warm and cold numbers only bound that. The last generate()
 call in the file is read; the kernels of one step repeat with a period found from their
 grid sizes, and the step starts where a kernel started longest after its predecessor's release (a
-graph's first kernel waits for the whole previous graph).
+graph's first kernel waits for the whole previous graph). That holds for greedy steps,
+which end with the lm_head (cuda_decode.py); with a sampler after the lm_head the longest
+gap is the sampler's, and the names shift by one.
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ def main() -> None:
         print(f"| {r['kernel']} | {r['per_step']} | {r['median_us']:.2f} | {r['step_us']:.1f} | "
               f"{100 * r['step_us'] / step_us:.1f} % |")
     if args.positions:
-        # lead: how long before its predecessor completed a kernel started (its prologue's head start);
-        # marks: when block 0 got past each step of its work (0, 1: per kernel; done: its end), from
-        # its wait's release; tail: from block 0's end to the next kernel's release.
+        # lead: the predecessor's release minus this kernel's start (negative: it started that long
+        # after its predecessor's release); marks: when block 0 got past each step of its work (0, 1:
+        # per kernel; done: its trigger), from its own release; tail: from block 0's trigger to the
+        # next kernel's release.
         marks = recs[:, 5:]
         print("| # | kernel | grid x threads | lead µs | waited µs | mark 0 | mark 1 | done | tail | adds µs (mean) |")
         print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -18,7 +18,8 @@ constexpr int kMaxStopIds = 64;
 // kernel given a halt pointer must then be given &DecodeCtl::halt (the engine does; the
 // kernel tests, with plain int flags, are not built this way).
 // mark[j]: when block 0 got past step j of its work (kernels name their steps with
-// timeline_mark; the last one, kTimelineDone, is the kernel's end).
+// timeline_mark; the last one, kTimelineDone, is where it releases its dependents:
+// decode_trigger, after its main work).
 constexpr int kTimelineMarks = 3, kTimelineDone = kTimelineMarks - 1;
 struct TimelineRec {
   unsigned long long start = 0, released = 0;

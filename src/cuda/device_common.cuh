@@ -69,7 +69,9 @@ __device__ __forceinline__ bool wait_halted(const int* halt) {
   return halt && *halt;
 }
 
-// The decode kernels' trigger, at their end (a timeline build notes it as kTimelineDone).
+// The decode kernels' trigger, after their main work (some finish a short tail after it:
+// the router's routing, the lm_head's token choice); a timeline build notes it as
+// kTimelineDone.
 __device__ __forceinline__ void decode_trigger() {
 #ifdef LILY_CUDA_TIMELINE
   timeline_mark(kTimelineDone);
