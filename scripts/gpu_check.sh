@@ -15,7 +15,8 @@
 #                (the measured rule that picks one by length)
 #   timeline     per-kernel time inside real decode steps (LILY_TIMELINE_CONTEXTS, default 4096): a second
 #                build with LILY_CUDA_TIMELINE=ON, benchmarks/ops/decode_timeline.py (per kernel, then
-#                the first 26 kernels of a step one by one); the raw records go into logs.tgz
+#                the first 26 kernels of a step one by one; then a second run with every block
+#                stamped: the spread of each kernel's block starts and ends); the raw records go into logs.tgz
 #   splitkeys    decode at 512..4K with 64, 128 and 256 keys per attention split (LILY_CUDA_ATTN_SPLIT_KEYS)
 #   longctx      prefill at 32K and 128K with the default (wgmma) attention / dense GEMMs and
 #                with their mma.sync alternatives
@@ -129,6 +130,13 @@ if [ "$pip_rc" = 0 ]; then
           python3 benchmarks/ops/cuda_decode.py --contexts $ctx --steps 64 > /dev/null 2>&1
         echo "== decode timeline at $ctx"
         python3 benchmarks/ops/decode_timeline.py "$OUT/timeline_$ctx.txt" --positions 26 --json "$OUT/timeline_$ctx.json"
+        # again with every block stamped (one more atomic per block: a run of its own)
+        rm -f /tmp/tl_stamped.txt
+        PYTHONPATH=/tmp/lily_tl LILY_CUDA_TIMELINE_OUT=/tmp/tl_stamped.txt LILY_CUDA_TIMELINE_BLOCKS=/tmp/blocks_$ctx.bin \
+          timeout 120 python3 benchmarks/ops/cuda_decode.py --contexts $ctx --steps 64 > /dev/null 2>&1
+        echo "== every block's stamps at $ctx (a second run)"
+        python3 benchmarks/ops/decode_timeline.py /tmp/tl_stamped.txt --positions 26 --blocks /tmp/blocks_$ctx.bin |
+          sed -n '/first start/,$p'
       done > "$OUT/timeline.log" 2>&1
     echo "timeline: rc=$? ($(head -2 "$OUT/timeline.log" | tail -1))"
   fi

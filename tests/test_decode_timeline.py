@@ -5,6 +5,7 @@ each kernel's lead, wait, marks and tail."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,12 +19,25 @@ from lily import synthetic
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ops" / "decode_timeline.py"
 
 
-def write_timeline(path: Path, early_wait_ns: int, marks: bool) -> list[tuple[int, float]]:
+STAMP = np.dtype([("start", "<u8"), ("released", "<u8"), ("done", "<u8"), ("grid", "<u4"), ("threads", "<u4"),
+                  ("block", "<u4"), ("pad", "<u4")])
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("decode_timeline", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_timeline(path: Path, early_wait_ns: int, marks: bool, blocks: Path | None = None) -> list[tuple[int, float]]:
     """A run of known kernels; returns one step's (grid, µs). Each kernel but a graph's
     first starts early_wait_ns before its release, in its predecessor's tail (0: when its
     predecessor ends).
     With marks, block 0 passes step j at released + 0.5 (j + 1) µs and ends 0.7 µs before
-    the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end."""
+    the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end. With blocks,
+    every block b (in shuffled order) is stamped 2b ns after block 0 and triggers at
+    2b ns past (0.7 µs + 2 (grid - 1) ns) before the next release."""
     config = synthetic.config_35b()
     gdn = [(4, 1.0), (128, 2.0), (132, 3.0), (33, 4.0), (264, 5.0), (128, 6.0)]  # (grid, µs)
     attn = [(4, 1.5), (64, 7.0), (16, 0.5), (128, 3.5), (33, 4.0), (264, 5.0), (128, 6.0)]
@@ -32,7 +46,8 @@ def write_timeline(path: Path, early_wait_ns: int, marks: bool) -> list[tuple[in
         step += attn if kind == "full_attention" else gdn
     step += [(1024, 100.0)]
     kernels = [(2, 50.0), (1024, 100.0)] + step * 12 + step[:37]  # a Choose graph first, a partial last step
-    t, lines = 1_000_000, []
+    t, lines, stamps = 1_000_000, [], []
+    rng = np.random.default_rng(0)
     for i, (grid, us) in enumerate(kernels):
         first_of_graph = i < 2 or (i - 2) % len(step) == 0
         wait = 0 if first_of_graph else early_wait_ns
@@ -41,7 +56,12 @@ def write_timeline(path: Path, early_wait_ns: int, marks: bool) -> list[tuple[in
             m = [t + 500, t + 1000] if (grid, us) != (128, 2.0) else [0, 0]
             line += " " + " ".join(str(x) for x in m + [t + int(us * 1000) - 700])
         lines.append(line)
+        for b in rng.permutation(grid):
+            end = t + int(us * 1000) - 700 - 2 * (grid - 1) + 2 * b
+            stamps.append((t - wait + 2 * b, t + 2 * b, end, grid, 256, b, 0))
         t += int(us * 1000)
+    if blocks:
+        np.array(stamps, dtype=STAMP).tofile(blocks)
     earlier_call = [f"0 {i} 7 32 {i} {i}" for i in range(50)]  # a warm-up call: not read
     path.write_text("\n".join(earlier_call + lines) + "\n")
     return step
@@ -84,3 +104,23 @@ def test_timeline_positions_with_marks(tmp_path):
     assert name == "gdn_decode" and (lead, waited) == ("2.00", "3.00")  # started 3 µs before its release
     assert (m0, m1, done, tail, adds) == ("", "", "1.30", "0.70", "2.00")  # marks only its end
     assert table[250][1] == "head 0" and table[250][-1] == "100.00"
+
+
+def test_timeline_block_stamps(tmp_path):
+    write_timeline(tmp_path / "tl.txt", 3_000, marks=True, blocks=tmp_path / "blocks.bin")
+    _, out = run_script(tmp_path / "tl.txt", "--positions", "2", "--blocks", str(tmp_path / "blocks.bin"))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()]
+    rows = {int(r[0]): r for r in rows if len(r) == 9 and r[0].isdigit()}
+    # gdn_decode: 128 blocks, started 3 µs before block 0's release, the last 254 ns later.
+    assert rows[1][1:] == ["gdn_decode", "128", "-3.00", "-2.75", "0.25", "1.05", "1.30", "0.70"]
+    assert rows[250][1:3] == ["head 0", "1024"]
+
+
+def test_block_stamps_split_kernels_of_one_signature(tmp_path):
+    # Two kernels of the same grid back to back (the lm_head, then the next step's first
+    # kernel): the second starts where a block index comes again.
+    blocks = [(10 + b, 20, 30, 4, 256, b, 0) for b in (2, 0, 3, 1)] + [(40 + b, 50, 60, 4, 256, b, 0) for b in (1, 0, 2, 3)]
+    path = tmp_path / "b.bin"
+    np.array(blocks, dtype=STAMP).tofile(path)
+    ker = load_script().kernels_of_stamps(str(path))
+    assert ker.tolist() == [[4, 256, 4, 10, 13, 20, 30, 30], [4, 256, 4, 40, 43, 50, 60, 60]]

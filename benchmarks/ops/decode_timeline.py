@@ -36,6 +36,32 @@ def load_last_call(path: str) -> np.ndarray:
     return recs[np.argsort(recs[:, 0])]  # index, grid, threads, start, released[, marks]
 
 
+STAMP = np.dtype([("start", "<u8"), ("released", "<u8"), ("done", "<u8"), ("grid", "<u4"), ("threads", "<u4"),
+                  ("block", "<u4"), ("pad", "<u4")])  # decode_ctl.h: BlockStamp
+
+
+def kernels_of_stamps(path: str) -> np.ndarray:
+    """Every block's stamps (LILY_CUDA_TIMELINE_BLOCKS), cut into kernels: blocks start in
+    launch order, so a kernel ends where the signature changes or a block index comes again.
+    Per kernel: grid, threads, blocks stamped, first and last start, last release, first
+    and last trigger (0 when no block triggered)."""
+    st = np.fromfile(path, dtype=STAMP)
+    out, seen = [], set()
+    begin = 0
+    for i in range(len(st) + 1):
+        new = i == len(st) or (i > begin and ((st["grid"][i], st["threads"][i]) != (st["grid"][begin], st["threads"][begin])
+                                             or int(st["block"][i]) in seen))
+        if not new:
+            seen.add(int(st["block"][i]))
+            continue
+        run = st[begin:i]
+        done = run["done"][run["done"] > 0]
+        out.append([run["grid"][0], run["threads"][0], len(run), run["start"].min(), run["start"].max(),
+                    run["released"].max(), done.min() if len(done) else 0, done.max() if len(done) else 0])
+        begin, seen = i, ({int(st["block"][i])} if i < len(st) else set())
+    return np.array(out, dtype=np.int64)
+
+
 def period(sig: list[tuple[int, int]]) -> int:
     """The smallest shift under which the kernel signatures of the second half repeat."""
     half = len(sig) // 2
@@ -61,6 +87,7 @@ def main() -> None:
     ap.add_argument("--config", help="the model's config.json (default: Qwen3.6-35B-A3B, as cuda_decode.py runs)")
     ap.add_argument("--json")
     ap.add_argument("--positions", type=int, default=0, help="also list the first N kernels of a step (and its last two) one by one")
+    ap.add_argument("--blocks", help="every block's stamps of the same call (LILY_CUDA_TIMELINE_BLOCKS): with --positions")
     args = ap.parse_args()
     recs = load_last_call(args.timeline)
     sig = [(int(g), int(t)) for g, t in recs[:, 1:3]]
@@ -116,6 +143,25 @@ def main() -> None:
             cells += [""] * (4 - len(cells))
             print(f"| {p} | {names[p]} | {recs[idx[0], 1]} x {recs[idx[0], 2]} | {lead:.2f} | "
                   f"{np.median(waited[idx]) / 1e3:.2f} | {' | '.join(cells)} | {np.mean(cost[idx]):.2f} |")
+    if args.positions and args.blocks:
+        # Every block: when the kernel's blocks started (first, last) and triggered (first,
+        # last), from block 0's release; "after" is the next kernel's release after the last
+        # trigger (completion and launch).
+        ker = kernels_of_stamps(args.blocks)
+        n = min(len(ker), len(recs))
+        if n < first + k or not np.array_equal(ker[:n, :2], recs[:n, 1:3]):
+            raise SystemExit("the block stamps do not follow the timeline's kernels: not the same call?")
+        print("| # | kernel | blocks | first start | last start | last release | first trigger | last trigger | after |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        for p in sorted(set(range(min(args.positions, k))) | {k - 2, k - 1}):
+            idx = np.array([first + s * k + p for s in range(steps) if first + s * k + p + 1 < n])
+            if not len(idx):
+                continue
+            rel = released[idx]
+            cols = [ker[idx, 3], ker[idx, 4], ker[idx, 5], ker[idx, 6], ker[idx, 7]]
+            cells = [f"{np.median((c - rel) / 1e3):.2f}" if np.all(c > 0) else "" for c in cols]
+            after = f"{np.median((released[idx + 1] - ker[idx, 7]) / 1e3):.2f}" if np.all(ker[idx, 7] > 0) else ""
+            print(f"| {p} | {names[p]} | {int(np.median(ker[idx, 2]))} | {' | '.join(cells)} | {after} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"step_us": float(step_us), "kernels_per_step": k, "steps": steps, "rows": rows}, f, indent=1)

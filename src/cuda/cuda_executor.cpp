@@ -157,7 +157,7 @@ class CudaExecutor : public Executor {
   void upload_ctl(const CudaSession& s, const GenerateRequest& req);
 #ifdef LILY_CUDA_TIMELINE
   void dump_timeline();
-  DeviceBuffer timeline_;
+  DeviceBuffer timeline_, stamps_;
   int timeline_calls_ = 0;
 #endif
 
@@ -312,6 +312,10 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
 #ifdef LILY_CUDA_TIMELINE
   if (!timeline_.bytes()) timeline_ = DeviceBuffer(kTimelineCap * sizeof(TimelineRec), "decode timeline");
   ctl.timeline = timeline_.as<TimelineRec>();
+  if (const char* b = std::getenv("LILY_CUDA_TIMELINE_BLOCKS"); b && *b) {
+    if (!stamps_.bytes()) stamps_ = DeviceBuffer(kBlockStampCap * sizeof(BlockStamp), "decode block stamps");
+    ctl.stamps = stamps_.as<BlockStamp>();
+  }
 #endif
   check(cudaMemcpyAsync(ws_->ctl, &ctl, sizeof(ctl), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (decode control)");
   if (ctl.penalties) {
@@ -441,7 +445,8 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
 
 #ifdef LILY_CUDA_TIMELINE
 // Appends this generate() call's timeline to $LILY_CUDA_TIMELINE_OUT, one line per kernel:
-// call, index, grid, threads, start, released and the marks (ns).
+// call, index, grid, threads, start, released and the marks (ns); with
+// $LILY_CUDA_TIMELINE_BLOCKS, writes the call's block stamps there.
 void CudaExecutor::dump_timeline() {
   const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
   if (!path || !*path) return;
@@ -460,6 +465,18 @@ void CudaExecutor::dump_timeline() {
   }
   std::fclose(f);
   ++timeline_calls_;
+  // Every block's stamps of this call (the last call's stay): raw BlockStamp records.
+  const char* bpath = std::getenv("LILY_CUDA_TIMELINE_BLOCKS");
+  if (!bpath || !*bpath || !stamps_.bytes()) return;
+  check(cudaMemcpy(&n, &ws_->ctl->stamps_n, sizeof(n), cudaMemcpyDeviceToHost), "block stamp count");
+  std::vector<BlockStamp> stamps(std::min(n, kBlockStampCap));
+  check(cudaMemcpy(stamps.data(), stamps_.as<BlockStamp>(), stamps.size() * sizeof(BlockStamp), cudaMemcpyDeviceToHost),
+        "block stamps");
+  std::FILE* b = std::fopen(bpath, "wb");
+  if (!b) fail("LILY_CUDA_TIMELINE_BLOCKS: cannot open ", bpath);
+  const size_t written = std::fwrite(stamps.data(), sizeof(BlockStamp), stamps.size(), b);
+  std::fclose(b);
+  if (written != stamps.size()) fail("LILY_CUDA_TIMELINE_BLOCKS: short write to ", bpath);
 }
 #endif
 

@@ -27,6 +27,14 @@ struct TimelineRec {
   unsigned long long mark[kTimelineMarks] = {};
 };
 constexpr unsigned kTimelineCap = 1u << 20;
+// With $LILY_CUDA_TIMELINE_BLOCKS set, thread 0 of every block of every decode kernel also
+// stamps its start, its wait's return and its trigger, in the order blocks start (all
+// blocks of a kernel start before any block of the next: triggers follow waits).
+struct BlockStamp {
+  unsigned long long start = 0, released = 0, done = 0;
+  unsigned grid = 0, threads = 0, block = 0, pad = 0;
+};
+constexpr unsigned kBlockStampCap = 1u << 22;
 #endif
 
 struct DecodeCtl {
@@ -45,6 +53,8 @@ struct DecodeCtl {
 #ifdef LILY_CUDA_TIMELINE
   TimelineRec* timeline = nullptr;  // [kTimelineCap]
   unsigned timeline_n = 0;
+  BlockStamp* stamps = nullptr;     // [kBlockStampCap], or null
+  unsigned stamps_n = 0;
 #endif
 };
 static_assert(offsetof(DecodeCtl, halt) == 0, "wait_halted finds the DecodeCtl from &halt");

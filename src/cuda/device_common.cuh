@@ -26,13 +26,17 @@ __device__ __forceinline__ unsigned long long globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ bool timeline_thread() {
-  return blockIdx.x + blockIdx.y + blockIdx.z + threadIdx.x + threadIdx.y == 0;
-}
-// Block 0's record in a timeline build (set by wait_halted; null without a DecodeCtl).
+__device__ __forceinline__ bool stamp_thread() { return threadIdx.x + threadIdx.y + threadIdx.z == 0; }
+__device__ __forceinline__ bool timeline_thread() { return stamp_thread() && blockIdx.x + blockIdx.y + blockIdx.z == 0; }
+// Block 0's record and this block's stamp in a timeline build (set by wait_halted; null
+// without a DecodeCtl or without stamps).
 __device__ __forceinline__ TimelineRec*& timeline_rec() {
   __shared__ TimelineRec* rec;
   return rec;
+}
+__device__ __forceinline__ BlockStamp*& block_stamp() {
+  __shared__ BlockStamp* stamp;
+  return stamp;
 }
 #endif
 
@@ -46,20 +50,30 @@ __device__ __forceinline__ void timeline_mark(int j) {
 
 // The decode kernels' wait: the PDL wait, then whether the decode loop has halted (a step
 // queued after generation ended does nothing). halt is &DecodeCtl::halt or null; in a
-// timeline build block 0 records the wait in the DecodeCtl's timeline (decode_ctl.h).
+// timeline build block 0 records the wait in the DecodeCtl's timeline, and every block
+// stamps it when stamps are on (decode_ctl.h).
 __device__ __forceinline__ bool wait_halted(const int* halt) {
 #ifdef LILY_CUDA_TIMELINE
   DecodeCtl* ctl = reinterpret_cast<DecodeCtl*>(const_cast<int*>(halt));
-  if (timeline_thread()) {
+  if (stamp_thread()) {
+    const unsigned long long t0 = globaltimer();
     TimelineRec* rec = nullptr;
-    if (ctl && ctl->timeline) {
+    BlockStamp* stamp = nullptr;
+    if (ctl && ctl->timeline && timeline_thread()) {
       const unsigned i = atomicAdd(&ctl->timeline_n, 1u);
       if (i < kTimelineCap) rec = ctl->timeline + i;
     }
-    const unsigned long long t0 = globaltimer();
+    if (ctl && ctl->stamps) {
+      const unsigned j = atomicAdd(&ctl->stamps_n, 1u);
+      if (j < kBlockStampCap) stamp = ctl->stamps + j;
+    }
     pdl_wait();
-    if (rec) *rec = {t0, globaltimer(), gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y};
-    timeline_rec() = rec;
+    const unsigned long long t1 = globaltimer();
+    const unsigned grid = gridDim.x * gridDim.y * gridDim.z, threads = blockDim.x * blockDim.y * blockDim.z;
+    if (rec) *rec = {t0, t1, grid, threads};
+    if (stamp) *stamp = {t0, t1, 0, grid, threads, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), 0};
+    if (timeline_thread()) timeline_rec() = rec;
+    block_stamp() = stamp;
   } else {
     pdl_wait();
   }
@@ -71,10 +85,11 @@ __device__ __forceinline__ bool wait_halted(const int* halt) {
 
 // The decode kernels' trigger, after their main work (some finish a short tail after it:
 // the router's routing, the lm_head's token choice); a timeline build notes it as
-// kTimelineDone.
+// kTimelineDone, and as every block's `done` stamp.
 __device__ __forceinline__ void decode_trigger() {
 #ifdef LILY_CUDA_TIMELINE
   timeline_mark(kTimelineDone);
+  if (stamp_thread() && block_stamp()) block_stamp()->done = globaltimer();
 #endif
   pdl_trigger();
 }
