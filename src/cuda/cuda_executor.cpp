@@ -444,17 +444,23 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
 }
 
 #ifdef LILY_CUDA_TIMELINE
+// The first min(*count, cap) records of `buf` (count and records on the device).
+template <class Rec>
+std::vector<Rec> fetch_records(const unsigned* count, const DeviceBuffer& buf, unsigned cap, const char* what) {
+  unsigned n = 0;
+  check(cudaMemcpy(&n, count, sizeof(n), cudaMemcpyDeviceToHost), what);
+  std::vector<Rec> recs(std::min(n, cap));
+  check(cudaMemcpy(recs.data(), buf.as<Rec>(), recs.size() * sizeof(Rec), cudaMemcpyDeviceToHost), what);
+  return recs;
+}
+
 // Appends this generate() call's timeline to $LILY_CUDA_TIMELINE_OUT, one line per kernel:
 // call, index, grid, threads, start, released and the marks (ns); with
 // $LILY_CUDA_TIMELINE_BLOCKS, writes the call's block stamps there.
 void CudaExecutor::dump_timeline() {
   const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
   if (!path || !*path) return;
-  unsigned n = 0;
-  check(cudaMemcpy(&n, &ws_->ctl->timeline_n, sizeof(n), cudaMemcpyDeviceToHost), "timeline count");
-  std::vector<TimelineRec> recs(std::min(n, kTimelineCap));
-  check(cudaMemcpy(recs.data(), timeline_.as<TimelineRec>(), recs.size() * sizeof(TimelineRec), cudaMemcpyDeviceToHost),
-        "timeline records");
+  const auto recs = fetch_records<TimelineRec>(&ws_->ctl->timeline_n, timeline_, kTimelineCap, "timeline records");
   std::FILE* f = std::fopen(path, "a");
   if (!f) fail("LILY_CUDA_TIMELINE_OUT: cannot open ", path);
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -468,10 +474,7 @@ void CudaExecutor::dump_timeline() {
   // Every block's stamps of this call (the last call's stay): raw BlockStamp records.
   const char* bpath = std::getenv("LILY_CUDA_TIMELINE_BLOCKS");
   if (!bpath || !*bpath || !stamps_.bytes()) return;
-  check(cudaMemcpy(&n, &ws_->ctl->stamps_n, sizeof(n), cudaMemcpyDeviceToHost), "block stamp count");
-  std::vector<BlockStamp> stamps(std::min(n, kBlockStampCap));
-  check(cudaMemcpy(stamps.data(), stamps_.as<BlockStamp>(), stamps.size() * sizeof(BlockStamp), cudaMemcpyDeviceToHost),
-        "block stamps");
+  const auto stamps = fetch_records<BlockStamp>(&ws_->ctl->stamps_n, stamps_, kBlockStampCap, "block stamps");
   std::FILE* b = std::fopen(bpath, "wb");
   if (!b) fail("LILY_CUDA_TIMELINE_BLOCKS: cannot open ", bpath);
   const size_t written = std::fwrite(stamps.data(), sizeof(BlockStamp), stamps.size(), b);
