@@ -127,15 +127,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   decode_trigger();
 }
 
-// Tensor-core gate/up tasks of this block (tiled weights, each 16-row block = 8 gate rows
-// + their 8 up rows), once x is staged and the k expert ids are in s_ids: task = (slot,
-// row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
+// Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
+// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
+// x = RMSNorm(h) is staged before the wait: h was last written by the out-projection, the
+// kernel launched two before this one (the router comes between).
 template <int GPW>
-__device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const uint4* xf, const float* xsum, const int* s_ids,
-                                              int k, float* act) {
-  const int G = m.gate_up.cols / 64;
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
+  extern __shared__ uint4 smem_u4[];
+  __shared__ int s_ids[16];
   __shared__ float red[2][kWarps][16];
-  const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  const int H = m.gate_up.cols;
+  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
+  stage_x_mma(X, H, xf, xsum, raw, raw + H);
+  if (wait_halted(halt)) return;
+  timeline_mark(0);
+  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
+  __syncthreads();
+  const int G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
   auto tile_of = [&](int task, int& rb) -> const QMat& {
     if (task < routed) {
@@ -163,23 +172,6 @@ __device__ __forceinline__ void gate_up_tasks(const MoeExperts& m, const uint4* 
       act[out + threadIdx.x] = siluf_(g) * u;
     }
   }
-}
-
-// x = RMSNorm(h) is staged before the wait: h was last written by the out-projection, the
-// kernel launched two before this one (the router comes between).
-template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2)
-    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
-  extern __shared__ uint4 smem_u4[];
-  __shared__ int s_ids[16];
-  const int H = m.gate_up.cols;
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
-  stage_x_mma(X, H, xf, xsum, raw, raw + H);
-  if (wait_halted(halt)) return;
-  timeline_mark(0);
-  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
-  __syncthreads();
-  gate_up_tasks<GPW>(m, xf, xsum, s_ids, k, act);
   decode_trigger();
 }
 
@@ -247,6 +239,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   decode_trigger();
 }
 
+// f(std::integral_constant<int, GPW>{}) for the tensor-core kernels' groups per warp over H.
+template <class F>
+void with_groups_per_warp(int H, const char* op, F f) {
+  const int gpw = (H / 64 + kWarps - 1) / kWarps;
+  if (gpw <= 1) f(std::integral_constant<int, 1>{});
+  else if (gpw <= 2) f(std::integral_constant<int, 2>{});
+  else if (gpw <= 4) f(std::integral_constant<int, 4>{});
+  else if (gpw <= 8) f(std::integral_constant<int, 8>{});
+  else fail(op, ": hidden size above 4096 is not supported with tiled weights");
+}
+
 void check_shapes(const MoeExperts& m, int k) {
   const int cpc = 128 / m.down.bits;
   if (k < 1 || k > 16) fail("moe: top_k must be in [1, 16]");
@@ -291,28 +294,12 @@ bool tiled(const MoeExperts& m) {
   return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
 }
 
-namespace {
-
-// The tensor-core gate/up's tasks (16-row blocks: k routed experts' and the shared
-// expert's), and f(std::integral_constant<int, GPW>{}) for its groups per warp over H.
-int gate_up_task_count(const MoeExperts& m, int k) { return k * 2 * m.inter / 16 + 2 * m.shared_inter / 16; }
-template <class F>
-void with_groups_per_warp(int H, const char* op, F f) {
-  const int gpw = (H / 64 + kWarps - 1) / kWarps;
-  if (gpw <= 1) f(std::integral_constant<int, 1>{});
-  else if (gpw <= 2) f(std::integral_constant<int, 2>{});
-  else if (gpw <= 4) f(std::integral_constant<int, 4>{});
-  else if (gpw <= 8) f(std::integral_constant<int, 8>{});
-  else fail(op, ": hidden size above 4096 is not supported with tiled weights");
-}
-
-}  // namespace
-
 void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
                  cudaStream_t stream) {
   check_shapes(m, top_k);
   if (tiled(m)) {
-    const int H = m.gate_up.cols, grid = std::min(gate_up_task_count(m, top_k), 2 * sm_count());
+    const int H = m.gate_up.cols, tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
+    const int grid = std::min(tasks, 2 * sm_count());
     with_groups_per_warp(H, "moe_gate_up", [&](auto gpw) {
       launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H),
              stream, m, X, ids, top_k, act, halt);

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   bar.wait();
 
   // Phase 2: routing (every block), then gate/up.
-  if (warp == 0) route_topk(GlobalLogits{s.logits}, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
+  if (warp == 0) route_topk(s.logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x <= k) {
     if (threadIdx.x < k) {

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (!last) return;
   __threadfence();
   if (warp == 0)
-    route_topk(GlobalLogits{out.logits}, E, k, norm_topk != 0, reinterpret_cast<float*>(smem), out.ids, out.weights, out.shared_gate);
+    route_topk(out.logits, E, k, norm_topk != 0, reinterpret_cast<float*>(smem), out.ids, out.weights, out.shared_gate);
   if (threadIdx.x == 0) *out.counter = 0;
 }
 

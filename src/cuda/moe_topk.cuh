@@ -7,12 +7,6 @@
 
 namespace lily::cuda {
 
-// Logits written by other blocks of the grid: read through L2.
-struct GlobalLogits {
-  const float* logits;
-  __device__ float operator()(int e) const { return __ldcg(logits + e); }
-};
-
 // The warp's largest v with its id i; equal values: the lower id (the CPU reference's rule).
 __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 #pragma unroll
@@ -26,14 +20,14 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-// Softmax over logits 0..E-1 and top-k (warp reductions only; k <= 32): ids[j], w[j] for
-// j < k (w renormalised over the k when norm_topk, else softmax probabilities), and
-// *shared_gate = sigmoid(logit(E)). logit(e) reads logit e (from wherever its producers
-// left it); p: E floats of scratch holding exp(l - max); taken experts are marked -1.
-template <class Logit>
-__device__ inline void route_topk(Logit logit, int E, int k, bool norm_topk, float* p, int* ids, float* w,
+// Softmax over logits[0..E) and top-k (warp reductions only; k <= 32): ids[j], w[j] for j < k
+// (w renormalised over the k when norm_topk, else softmax probabilities), and
+// *shared_gate = sigmoid(logits[E]). p: E floats of scratch holding exp(l - max); taken
+// experts are marked -1. Logits were written by other blocks: read through L2.
+__device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, float* p, int* ids, float* w,
                                   float* shared_gate) {
   const int lane = threadIdx.x & 31;
+  auto logit = [&](int e) { return __ldcg(logits + e); };
   const float gate_logit = lane == 0 ? logit(E) : 0.0f;  // read with the others: one round trip
   float m = -FLT_MAX;
   for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(e));
