@@ -46,22 +46,16 @@ const float* routed_weights(Arena& A) {
   return A.upload(std::vector<float>{0.24f, 0.18f, 0.14f, 0.12f, 0.10f, 0.08f, 0.08f, 0.06f});
 }
 
-// x (and norm weight, gate) read + W read + y written (read too when added).
+// x (and norm weight) read + W read + y written (read too when added).
 void add_gemv(std::vector<Op>& ops, const std::string& name, int rows, int cols, XMode mode, YMode ymode, bool tiled) {
   double bytes = qbytes(rows, cols, 4) + cols * 4.0 + rows * 4.0 * (ymode == YMode::Add ? 2 : 1);
   if (mode == XMode::RmsNorm) bytes += cols * 4.0;
-  if (mode == XMode::HeadNormGate) bytes += cols * 4.0 + kDh * 4.0;
   ops.push_back({name, dims(rows, cols), bytes, 2.0 * rows * cols, [=](Arena& A) -> Launch {
                    XSpec X;
                    X.mode = mode;
                    X.x = A.normal(cols);
                    X.eps = kEps;
                    if (mode == XMode::RmsNorm) X.w = A.near_one(cols);
-                   if (mode == XMode::HeadNormGate) {
-                     X.w = A.near_one(kDh);
-                     X.z = A.normal(cols);
-                     X.head_dim = kDh;
-                   }
                    const QMat W = A.qmat(rows, cols, 4, tiled);
                    const YSpec Y{ymode, A.normal(rows)};
                    return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };
@@ -112,17 +106,18 @@ void add_decode_ops(std::vector<Op>& ops) {
                    return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };
                  }});
   add_gemv(ops, "gemv attn qkv +rmsnorm", kAttnRows, kH, XMode::RmsNorm, YMode::Store, true);
-  add_gemv(ops, "gemv gdn out_proj +headnorm gate +res", kH, kHv * kDh, XMode::HeadNormGate, YMode::Add, true);
+  add_gemv(ops, "gemv gdn out_proj +res", kH, kHv * kDh, XMode::Plain, YMode::Add, true);
   add_gemv(ops, "gemv attn o_proj +res", kH, kHq * kD, XMode::Plain, YMode::Add, true);
 
-  // GDN: state read + written, q|k|v|b|a read, conv weights, ring (3 rows read, 1 written), o written.
+  // GDN: state read + written, q|k|v|z|b|a read, conv and norm weights, ring (3 rows read, 1 written), out written.
   const double gdn_state = 4.0 * kHv * kDh * kDh;
   ops.push_back({"gdn_decode", "32 heads x 128x128", 2 * gdn_state + (kConv + 2 * kHv) * 4.0 + kConv * 16.0 +
-                                                          4 * kConv * 4.0 + kHv * kDh * 4.0 + 2 * kHv * 4.0,
+                                                          4 * kConv * 4.0 + 2 * kHv * kDh * 4.0 + 2 * kHv * 4.0 + kDh * 4.0,
                  7.0 * kHv * kDh * kDh,  // decay, S^T k, rank-1 update, S^T q
                  [](Arena& A) -> Launch {
                    GdnArgs a;
                    a.proj = A.normal(kGdnRows);
+                   a.norm_w = A.near_one(kDh);
                    a.conv_w = A.normal(size_t(kConv) * 4, 0.3f);
                    a.ring = A.normal(size_t(4) * kConv);
                    a.dt_bias = A.normal(kHv);
@@ -146,7 +141,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                  [](Arena& A) -> Launch {
                    const QMat R = A.qmat(kE + 1, kH, 8, false);
                    const XSpec X = rmsnorm_of(A, A.normal(kH));
-                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1), A.zeros<unsigned>(1)};
+                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
                    return [=](cudaStream_t s) { moe_router(R, X, kE, kTopK, true, out, nullptr, s); };
                  }});
   ops.push_back({"moe_gate_up 8 experts + shared +rmsnorm", "9x" + dims(2 * kI, kH), gate_up_w + 2 * kH * 4.0 + act_bytes,
@@ -174,7 +169,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const MoeExperts m = experts(A);
                    float* h = A.normal(kH);  // the residual stream the block reads and adds to
                    const XSpec X = rmsnorm_of(A, h);
-                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1), A.zeros<unsigned>(1)};
+                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
                    float* act = A.normal(kTopK * kI + kIs);
                    return [=](cudaStream_t s) {
                      moe_router(R, X, kE, kTopK, true, out, nullptr, s);

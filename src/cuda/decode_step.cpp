@@ -32,7 +32,6 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   ids = alloc<int>(c.num_experts_per_tok, "workspace expert ids");
   route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
   shared_gate = alloc<float>(1, "workspace shared gate");
-  router_counter = alloc<unsigned>(1, "workspace router counter");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
@@ -80,6 +79,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
       GdnArgs g;
       g.proj = ws.proj;
+      g.norm_w = L.gdn_norm;
       g.conv_w = L.conv_w;
       g.ring = s.ring[lin];
       g.dt_bias = L.dt_bias;
@@ -92,14 +92,10 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       g.Hv = c.linear_num_value_heads;
       g.Dk = c.linear_key_head_dim;
       g.Dv = c.linear_value_head_dim;
+      g.eps = eps;
       gdn_decode(g, halt, stream);
       XSpec xo;
-      xo.mode = XMode::HeadNormGate;
       xo.x = ws.mix;
-      xo.z = ws.proj + c.gdn_conv_dim();
-      xo.w = L.gdn_norm;
-      xo.head_dim = c.linear_value_head_dim;
-      xo.eps = eps;
       gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream);
       ++lin;
     } else {
@@ -143,7 +139,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
                 last ? s.pos : nullptr, halt, stream);
     } else {
       moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.router_counter}, halt, stream);
+                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate}, halt, stream);
       moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
       moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
     }

@@ -32,7 +32,7 @@ class Workspace {
         *shared_gate = nullptr, *act = nullptr, *attn_partial = nullptr;
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
-  unsigned *router_counter = nullptr, *head_counter = nullptr;
+  unsigned* head_counter = nullptr;
   unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
   bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
   bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel

@@ -94,6 +94,13 @@ __device__ __forceinline__ void decode_trigger() {
   pdl_trigger();
 }
 
+// Thread-block clusters: a block may write another block's shared memory only once that
+// block has started: every block arrives (cluster_arrive) early and waits (cluster_wait)
+// before its first remote access; a full cluster.sync() after the last remote access
+// keeps every block alive until no other block can touch its shared memory.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -151,22 +158,41 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)
 // Whether kernels are launched with programmatic stream serialization (env LILY_CUDA_PDL=0 turns it off).
 bool pdl_enabled();
 
-// Launches `kernel` on `stream` (with PDL when enabled) and checks the launch, naming `op`.
+// Launches `kernel` on `stream` (with PDL when enabled), in thread-block clusters of
+// `cluster` blocks along x when cluster > 1, and checks the launch, naming `op`.
 template <typename... KArgs, typename... Args>
-void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-            Args&&... args) {
+void launch_clustered(const char* op, int cluster, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op);
 }
+
+template <typename... KArgs, typename... Args>
+void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  launch_clustered(op, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The largest cluster of at most `want` blocks (non-portable sizes above 8 allowed) that
+// the current device can place for `kernel` with this block size and dynamic shared
+// memory; at least 1. Cached per device, kernel, block size, memory and want.
+int max_cluster_size(const void* kernel, int threads, size_t smem, int want, const char* op);
 
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();

@@ -1,21 +1,27 @@
 #include "gdn_decode.h"
 
+#include <cooperative_groups.h>
+
 #include "device_common.cuh"
 
 namespace lily::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kMaxDk = 128;
 
-// Thread t of block (h, split) owns value column v = split*C + t/4 and the keys
+// Thread t of block (split, h) owns value column v = split*C + t/4 and the keys
 // k = 4i + t%4 (i < Dk/4): interleaved so the 4 owners of a column read different banks.
 // Its Dk/4 state values are float4 slots j at ((h*S + split) * Dk*C/4 + j*4C + t) * 4.
+// The S blocks of a head form a cluster: the gated norm's sum of squares over the head's
+// Dv outputs is exchanged through distributed shared memory.
 __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* halt) {
-  const int h = blockIdx.x, split = blockIdx.y, t = threadIdx.x;
+  const int split = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
   const int C = a.Dv / kGdnSplit, nk = a.Dk / 4;
   const int kh = h / (a.Hv / a.Hk);
   const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv;
-  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32];
+  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32], head_ss[kGdnSplit];
 
   // Only the input projection (proj) comes from the kernel launched just before this one;
   // pos, the conv ring and the state were last written a step ago (gdn_decode.h), so they
@@ -49,6 +55,8 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
 
   const int col = t >> 2, kq = t & 3;
   const bool active = col < C;
+  const int v_idx = h * a.Dv + split * C + (active ? col : 0);  // this thread's output
+  const float norm_w = a.norm_w[split * C + (active ? col : 0)];
   const size_t base = (static_cast<size_t>(h) * kGdnSplit + split) * a.Dk * C / 4;
   const float4* sin4 = reinterpret_cast<const float4*>(a.state_in) + base;
   float4* sout4 = reinterpret_cast<float4*>(a.state_out) + base;
@@ -63,7 +71,9 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     s[4 * j + 3] = v.w;
   }
 
-  if (wait_halted(halt)) return;
+  if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
+  cluster_arrive();
+  const float z = a.proj[conv_dim + v_idx];
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
   auto conv = [&](const Tap& c, bool write) {
     const float x = a.proj[c.ch];
@@ -107,10 +117,22 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     }
   o += __shfl_xor_sync(0xffffffffu, o, 1);
   o += __shfl_xor_sync(0xffffffffu, o, 2);
-  if (active && kq == 0) a.out[h * a.Dv + split * C + col] = o;
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+
+  // Gated RMSNorm over the head: every block of the cluster gets each block's sum of o^2
+  // and adds them in split order (the same total everywhere).
+  const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red);
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster_wait();  // every block of the head has started
+  if (t < kGdnSplit) cluster.map_shared_rank(head_ss, t)[split] = part;
+  cluster.sync();
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[i];
+  const float hinv = rsqrtf(ss / a.Dv + a.eps);
+  if (active && kq == 0) a.out[v_idx] = o * hinv * norm_w * siluf_(z);
   decode_trigger();
 }
 
@@ -120,7 +142,7 @@ void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream) {
   if (a.Dk > kMaxDk || a.Dk % 16 != 0) fail("gdn_decode: key head dim must be a multiple of 16, <= 128");
   if (a.Dv % kGdnSplit != 0 || a.Dv / kGdnSplit * 4 > 128) fail("gdn_decode: value head dim must be a multiple of 4, <= 128");
   if (a.Hk <= 0 || a.Hv % a.Hk != 0) fail("gdn_decode: value heads must be a multiple of key heads");
-  launch("gdn_decode", gdn_decode_kernel, dim3(a.Hv, kGdnSplit), dim3(128), 0, stream, a, halt);
+  launch_clustered("gdn_decode", kGdnSplit, gdn_decode_kernel, dim3(kGdnSplit, a.Hv), dim3(128), 0, stream, a, halt);
 }
 
 size_t gdn_state_index(int Hv, int Dk, int Dv, int h, int k, int v) {

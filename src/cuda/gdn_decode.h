@@ -1,12 +1,13 @@
-// Gated DeltaNet decode step for one token, one launch (grid: value heads x 4 splits of
-// the value dimension). Per value head h (key head h / (Hv/Hk)):
+// Gated DeltaNet decode step for one token, one launch (grid: 4 splits of the value
+// dimension x value heads; the 4 blocks of a head form a cluster). Per value head h (key
+// head h / (Hv/Hk)):
 //   causal conv (kernel 4) + SiLU over the q, k, v channels, using a ring of the last 4
 //   pre-conv rows indexed by position mod 4 (the current row is written back);
 //   q = l2norm(q) / sqrt(Dk), k = l2norm(k); beta = sigmoid(b); decay = exp(-exp(A_log) softplus(a + dt_bias));
-//   S = decay S;  S += k (beta (v - S^T k))^T;  o = S^T q.
+//   S = decay S;  S += k (beta (v - S^T k))^T;  o = S^T q;
+//   out = o * rsqrt(mean(o^2) + eps) * norm_w * silu(z)   (gated RMSNorm over the head's Dv).
 // The state is read from one buffer and written to another (double buffering), so a
-// step that is later discarded leaves the previous state intact. The gated RMSNorm of
-// o is done by the output projection (XMode::HeadNormGate).
+// step that is later discarded leaves the previous state intact.
 // pos, the ring and state_in are read before the wait on the kernel launched just before
 // (PDL), which must therefore write none of them (decode writes proj there); any earlier
 // kernel may, as every kernel here lets its dependents start only after its own wait.
@@ -19,15 +20,17 @@ constexpr int kGdnSplit = 4;  // blocks per value head
 
 struct GdnArgs {
   const float* proj = nullptr;     // [conv_dim (q|k|v) | Hv*Dv (z) | Hv (b) | Hv (a)]
+  const float* norm_w = nullptr;   // [Dv] gated RMSNorm weight
   const float* conv_w = nullptr;   // [conv_dim][4], tap 3 multiplies the current token
   float* ring = nullptr;           // [4][conv_dim] pre-conv rows by position mod 4 (zeros at start)
   const float* dt_bias = nullptr;  // [Hv]
   const float* neg_A = nullptr;    // [Hv] = -exp(A_log)
   const float* state_in = nullptr; // [Hv * Dk * Dv] in the kernel's own layout (see gdn_state_index)
   float* state_out = nullptr;
-  float* out = nullptr;            // [Hv * Dv] o before the gated norm
+  float* out = nullptr;            // [Hv * Dv] the gated norm of o
   const int* pos = nullptr;        // position of this token
   int Hk = 0, Hv = 0, Dk = 0, Dv = 0;
+  float eps = 1e-6f;
 };
 
 void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream);

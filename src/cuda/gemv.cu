@@ -132,8 +132,6 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
-  if (X.mode == XMode::HeadNormGate && (X.head_dim % 4 != 0 || W.cols / X.head_dim > 64))
-    fail("gemv: head norm needs head_dim % 4 == 0 and at most 64 heads");
   if (W.tiled) {
     const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
     if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);

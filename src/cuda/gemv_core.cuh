@@ -197,26 +197,19 @@ __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
   return fmaf(bf16_lo(sb), static_cast<float>(q), bf16_hi(sb));
 }
 
-// Pass B's global operands of one slot: the norm weight, and for HeadNormGate the gate z.
-struct SlotOperands {
-  float4 w, z;
-};
-
 // Builds x (per XSpec) for the block: raw values go to raw[xs_pos(f)] (float4 slot f =
 // columns 4f..4f+3), then emit(f, ok, v) receives each final slot. emit is called by all
 // threads the same number of times (ok = false past the end), so it may shuffle within
 // aligned groups of up to 32 consecutive slots. Ends with a barrier.
-// A thread's first kHeld slots are loaded together with their pass-B operands and kept in
-// registers, so x, the norm weight and z arrive in one memory round trip (cols <= 4096 at
-// 256 threads), not one before and one after the block reduction. x and z (in global
-// memory) are read through L2 (ld.cg), so a kernel may build x before its PDL wait when
-// the kernel that wrote them has completed (device_common.cuh).
+// A thread's first kHeld slots are loaded together with their norm weights and kept in
+// registers, so x and the norm weight arrive in one memory round trip (cols <= 4096 at
+// 256 threads), not one before and one after the block reduction. x (in global memory)
+// is read through L2 (ld.cg), so a kernel may build x before its PDL wait when the kernel
+// that wrote it has completed (device_common.cuh).
 template <typename Emit>
 __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, Emit emit) {
   constexpr int kHeld = 4;
   const int n4 = cols / 4, tid = threadIdx.x, nt = blockDim.x;
-  float* head_ss = scratch + 32;  // up to 64 heads
-  const int n_heads = X.mode == XMode::HeadNormGate ? cols / X.head_dim : 0;
   const bool rms = X.mode == XMode::RmsNorm || X.mode == XMode::EmbedRmsNorm;
 
   auto raw_value = [&](int f) {
@@ -227,30 +220,20 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
     if (blockIdx.x == 0) reinterpret_cast<float4*>(X.h_out)[f] = v;
     return v;
   };
-  auto operands = [&](int f) {
-    SlotOperands o = {};
-    if (rms) {
-      o.w = reinterpret_cast<const float4*>(X.w)[f];
-    } else if (X.mode == XMode::HeadNormGate) {
-      o.z = __ldcg(reinterpret_cast<const float4*>(X.z) + f);
-      o.w = *reinterpret_cast<const float4*>(X.w + (4 * f) % X.head_dim);
-    }
-    return o;
-  };
+  auto norm_w = [&](int f) { return rms ? reinterpret_cast<const float4*>(X.w)[f] : make_float4(1.f, 1.f, 1.f, 1.f); };
   auto keep = [&](int f, float4 v, float& ss) {
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     raw[xs_pos(f)] = v;
   };
 
   // Pass A: raw values (and sums of squares), all loads of the held slots first.
-  float4 held_v[kHeld];
-  SlotOperands held[kHeld];
+  float4 held_v[kHeld], held_w[kHeld];
 #pragma unroll
   for (int i = 0; i < kHeld; ++i) {
     const int f = tid + i * nt;
     if (f < n4) {
       held_v[i] = raw_value(f);
-      held[i] = operands(f);
+      held_w[i] = norm_w(f);
     }
   }
   float ss = 0.0f;
@@ -262,43 +245,23 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
   float inv = 1.0f;
   if (rms) inv = rsqrtf(block_sum(ss, scratch) / cols + X.eps);
   else __syncthreads();
-  if (n_heads) {  // one warp per head, fixed order: deterministic sums
-    const int lane = tid & 31, nw = nt >> 5;
-    for (int h = tid >> 5; h < n_heads; h += nw) {
-      float s = 0.0f;
-      for (int f = h * X.head_dim / 4 + lane; f < (h + 1) * X.head_dim / 4; f += 32) {
-        const float4 v = raw[xs_pos(f)];
-        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      s = warp_sum(s);
-      if (lane == 0) head_ss[h] = s;
-    }
-    __syncthreads();
-  }
 
   // Pass B: normalise and hand out. The loop bound is uniform so emit sees full warps.
-  auto finish = [&](int f, float4 v, const SlotOperands& o) {
-    if (rms) {
-      return make_float4(v.x * inv * o.w.x, v.y * inv * o.w.y, v.z * inv * o.w.z, v.w * inv * o.w.w);
-    } else if (X.mode == XMode::HeadNormGate) {
-      const float hinv = rsqrtf(head_ss[4 * f / X.head_dim] / X.head_dim + X.eps);
-      const float4 w = o.w, z = o.z;
-      return make_float4(v.x * hinv * w.x * siluf_(z.x), v.y * hinv * w.y * siluf_(z.y),
-                         v.z * hinv * w.z * siluf_(z.z), v.w * hinv * w.w * siluf_(z.w));
-    }
-    return v;
+  auto finish = [&](float4 v, float4 w) {
+    if (!rms) return v;
+    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
   };
 #pragma unroll
   for (int i = 0; i < kHeld; ++i) {
     if (i * nt >= n4) break;
     const int f = tid + i * nt;
     const bool ok = f < n4;
-    emit(f, ok, ok ? finish(f, held_v[i], held[i]) : make_float4(0.f, 0.f, 0.f, 0.f));
+    emit(f, ok, ok ? finish(held_v[i], held_w[i]) : make_float4(0.f, 0.f, 0.f, 0.f));
   }
   for (int base = kHeld * nt; base < n4; base += nt) {
     const int f = base + tid;
     const bool ok = f < n4;
-    emit(f, ok, ok ? finish(f, raw[xs_pos(f)], operands(f)) : make_float4(0.f, 0.f, 0.f, 0.f));
+    emit(f, ok, ok ? finish(raw[xs_pos(f)], norm_w(f)) : make_float4(0.f, 0.f, 0.f, 0.f));
   }
   __syncthreads();
 }

@@ -23,15 +23,12 @@ enum class XMode : int {
   Plain,         // x
   RmsNorm,       // x * rsqrt(mean(x^2) + eps) * w
   EmbedRmsNorm,  // e = embedding row of *token (block 0 stores e to h_out); then RmsNorm of e
-  HeadNormGate,  // per head of head_dim: x * rsqrt(mean(x^2) + eps) * w[d] * silu(z)  (Gated DeltaNet output)
 };
 
 struct XSpec {
   XMode mode = XMode::Plain;
   const float* x = nullptr;
   const float* w = nullptr;
-  const float* z = nullptr;
-  int head_dim = 0;
   float eps = 1e-6f;
   QMat embed;                  // EmbedRmsNorm: the embedding table [vocab, cols]
   const int* token = nullptr;  // EmbedRmsNorm

@@ -32,7 +32,7 @@ __host__ __device__ constexpr size_t stage_region_bytes(int H, int cols3) {
 }
 
 __host__ __device__ constexpr size_t fused_smem_bytes(int H, int cols3, int E) {
-  return stage_region_bytes(H, cols3) + align16(static_cast<size_t>(E) * 4) + align16(sizeof(Fixed));
+  return stage_region_bytes(H, cols3) + align16(static_cast<size_t>(2 * E + 1) * 4) + align16(sizeof(Fixed));
 }
 
 // Router rows: one warp per row (U chunks per lane per step, as moe_router). Gate/up:
@@ -49,8 +49,9 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   const int H = m.gate_up.cols, G = H / 64, I = m.inter, Is = m.shared_inter;
   const int cols3 = k * I + Is, P = cols3 / 64, n_rb = H / 16;
   unsigned char* base = reinterpret_cast<unsigned char*>(smem_u4);
-  float* p = reinterpret_cast<float*>(base + stage_region_bytes(H, cols3));
-  Fixed& f = *reinterpret_cast<Fixed*>(base + stage_region_bytes(H, cols3) + align16(static_cast<size_t>(E) * 4));
+  float* logits = reinterpret_cast<float*>(base + stage_region_bytes(H, cols3));  // [E + 1], then p [E]
+  float* p = logits + E + 1;
+  Fixed& f = *reinterpret_cast<Fixed*>(base + stage_region_bytes(H, cols3) + align16(static_cast<size_t>(2 * E + 1) * 4));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g0 = warp * GPW;
   GridBarrier bar{s.sync};
 
@@ -86,7 +87,11 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   bar.wait();
 
   // Phase 2: routing (every block), then gate/up.
-  if (warp == 0) route_topk(s.logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
+  if (warp == 0) {  // the logits come from every block: through L2
+    for (int e = lane; e <= E; e += 32) logits[e] = __ldcg(s.logits + e);
+    __syncwarp();
+    route_topk(logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
+  }
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x <= k) {
     if (threadIdx.x < k) {

@@ -1,7 +1,8 @@
 #include "moe_router.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
-#include <cfloat>
 
 #include "gemv_core.cuh"
 #include "moe_topk.cuh"
@@ -9,56 +10,64 @@
 namespace lily::cuda {
 namespace {
 
-constexpr int kWarps = 8;
+namespace cg = cooperative_groups;
+
+constexpr int kMaxCluster = 16;  // the largest cluster Hopper places (non-portable above 8)
+// One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up); 544 threads
+// leave the row walk its ~120 registers.
+constexpr int kMaxWarps = 17;
 constexpr int kMaxTopK = 16;
 
+// One cluster of C blocks computes every logit: warp w of block r takes rows r*warps + w,
+// then every C*warps rows after. Lane 0 stores each logit straight into block 0's shared
+// memory; after one cluster barrier block 0 routes from there. (A grid of blocks would
+// need a fence, a counter and an L2 re-read of the logits by the last block instead.)
+// Shared memory: logits [E + 1] and p [E] (block 0's routing), then the staged x.
 template <int BITS, int U>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kMaxWarps * 32)
     router_kernel(QMat W, XSpec X, int E, int k, int norm_topk, RouterOut out, const int* halt) {
   extern __shared__ float4 smem[];
-  float4* xs = smem;
+  float* logits = reinterpret_cast<float*>(smem);
+  float* p = logits + E + 1;
+  float4* xs = smem + (2 * E + 4) / 4;
   float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
   float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
-  __shared__ bool last;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), warps = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   auto W_of = [&](int) -> const QMat& { return W; };
   auto rows_of = [&](int g, int (&row)[1]) { row[0] = g; };
-  RowWalk<BITS, 1, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, W.rows, W.chunks());
+  RowWalk<BITS, 1, U> walk(rank * warps + warp, static_cast<int>(cluster.num_blocks()) * warps, W.rows, W.chunks());
   walk.prefetch(W_of, rows_of, lane);
-  if (wait_halted(halt)) return;
+  if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
+  cluster_arrive();
   stage_x<BITS>(X, W.cols, xs, xsum, scratch);
   timeline_mark(0);
+  cluster_wait();  // block 0 has started: its shared memory may be written
+  float* logits0 = cluster.map_shared_rank(logits, 0);
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[1]) {
-    if (lane == 0) out.logits[g] = acc[0];
+    if (lane == 0) logits0[g] = acc[0];
   });
   decode_trigger();
-
-  // The last block to finish routes (the other blocks' logits are visible after the fence).
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(out.counter, 1u) == gridDim.x - 1;
+  cluster.sync();  // release/acquire: block 0 sees every logit
   timeline_mark(1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (warp == 0)
-    route_topk(out.logits, E, k, norm_topk != 0, reinterpret_cast<float*>(smem), out.ids, out.weights, out.shared_gate);
-  if (threadIdx.x == 0) *out.counter = 0;
+  if (rank != 0) return;
+  if (warp == 0) route_topk(logits, E, k, norm_topk != 0, p, out.ids, out.weights, out.shared_gate);
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
 }
 
 template <int BITS>
 void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, const RouterOut& out, const int* halt,
                    cudaStream_t stream) {
-  const int grid = std::min((W.rows + kWarps - 1) / kWarps, 2 * sm_count());
-  const size_t smem = std::max(stage_bytes<BITS>(W.cols), static_cast<size_t>(E) * 4);
+  const size_t smem = (2 * E + 4) / 4 * 16 + stage_bytes<BITS>(W.cols);
   if (smem > 48 * 1024) fail("moe_router: hidden size or expert count too large");
   const int chunks = W.chunks();
-  if (chunks <= 32)
-    launch("moe_router", router_kernel<BITS, 1>, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, E, k, int(norm_topk), out, halt);
-  else if (chunks <= 64)
-    launch("moe_router", router_kernel<BITS, 2>, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, E, k, int(norm_topk), out, halt);
-  else
-    launch("moe_router", router_kernel<BITS, 4>, dim3(grid), dim3(kWarps * 32), smem, stream, W, X, E, k, int(norm_topk), out, halt);
+  auto kernel = chunks <= 32 ? router_kernel<BITS, 1> : chunks <= 64 ? router_kernel<BITS, 2> : router_kernel<BITS, 4>;
+  const int threads = kMaxWarps * 32;  // sized below; the cluster size is queried at the largest block
+  const int cluster = max_cluster_size(reinterpret_cast<const void*>(kernel), threads, smem, kMaxCluster, "moe_router");
+  const int warps = std::min(kMaxWarps, (W.rows + cluster - 1) / cluster);
+  launch_clustered("moe_router", cluster, kernel, dim3(cluster), dim3(warps * 32), smem, stream, W, X, E, k,
+                   int(norm_topk), out, halt);
 }
 
 }  // namespace

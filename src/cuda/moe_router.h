@@ -1,7 +1,7 @@
-// MoE routing for one token, in one launch: router logits (W rows 0..E-1) and the
-// shared-expert gate logit (row E) from RMSNorm(h); the last block to finish then does
-// softmax over the E experts (fp32), top-k (ties to the lower id), renormalisation, and
-// sigmoid of the shared gate.
+// MoE routing for one token, in one launch of one thread-block cluster: router logits
+// (W rows 0..E-1) and the shared-expert gate logit (row E) from RMSNorm(h), gathered in
+// the first block's shared memory; that block then does softmax over the E experts
+// (fp32), top-k (ties to the lower id), renormalisation, and sigmoid of the shared gate.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,11 +10,10 @@
 namespace lily::cuda {
 
 struct RouterOut {
-  float* logits = nullptr;       // [E + 1] scratch
+  float* logits = nullptr;       // [E + 1] the logits (for tests)
   int* ids = nullptr;            // [k] chosen experts, by descending probability
   float* weights = nullptr;      // [k] routing weights
   float* shared_gate = nullptr;  // [1] sigmoid(shared_expert_gate . x)
-  unsigned* counter = nullptr;   // zero before the first launch; the last block resets it
 };
 
 // W: [E + 1, H]; X: how x is built (RMSNorm of h with the post-attention norm).

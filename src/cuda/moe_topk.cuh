@@ -22,18 +22,16 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 
 // Softmax over logits[0..E) and top-k (warp reductions only; k <= 32): ids[j], w[j] for j < k
 // (w renormalised over the k when norm_topk, else softmax probabilities), and
-// *shared_gate = sigmoid(logits[E]). p: E floats of scratch holding exp(l - max); taken
-// experts are marked -1. Logits were written by other blocks: read through L2.
+// *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared memory; p: E floats of
+// shared scratch holding exp(l - max), taken experts marked -1.
 __device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, float* p, int* ids, float* w,
                                   float* shared_gate) {
   const int lane = threadIdx.x & 31;
-  auto logit = [&](int e) { return __ldcg(logits + e); };
-  const float gate_logit = lane == 0 ? logit(E) : 0.0f;  // read with the others: one round trip
   float m = -FLT_MAX;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(e));
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
   m = warp_max(m);
   float z = 0.0f;
-  for (int e = lane; e < E; e += 32) z += p[e] = __expf(logit(e) - m);
+  for (int e = lane; e < E; e += 32) z += p[e] = __expf(logits[e] - m);
   z = warp_sum(z);
   float chosen_sum = 0.0f, chosen_p = 0.0f;
   int chosen_i = 0;
@@ -59,7 +57,7 @@ __device__ inline void route_topk(const float* logits, int E, int k, bool norm_t
     ids[lane] = chosen_i;
     w[lane] = chosen_p / (norm_topk ? chosen_sum : z);
   }
-  if (lane == 0) *shared_gate = sigmoidf_(gate_logit);
+  if (lane == 0) *shared_gate = sigmoidf_(logits[E]);
 }
 
 }  // namespace lily::cuda

@@ -34,20 +34,16 @@ void test_gemv(int bits, int group, int rows, int cols, XMode mode, YMode ymode,
   Rng r(seed);
   HostQ W = make_q(rows, cols, bits, group, r);
   QMat dW = upload_as(W, tiled);
-  const std::vector<float> x = randn(cols, r, 2.0), z = randn(cols, r);
+  const std::vector<float> x = randn(cols, r, 2.0);
   std::vector<float> w = randn(cols, r, 0.2);
   for (float& v : w) v += 1.0f;
-  const int head_dim = cols >= 4096 ? 128 : 32;
   XSpec X;
   X.mode = mode;
   X.eps = 1e-6f;
   float* dx = to_dev(x);
   float* dw = to_dev(w);
-  float* dz = to_dev(z);
   X.x = dx;
   X.w = dw;
-  X.z = dz;
-  X.head_dim = head_dim;
   std::vector<double> xd(cols);
   HostQ E;
   float* dh = nullptr;
@@ -56,16 +52,6 @@ void test_gemv(int bits, int group, int rows, int cols, XMode mode, YMode ymode,
     for (int c = 0; c < cols; ++c) xd[c] = x[c];
   } else if (mode == XMode::RmsNorm) {
     xd = rmsnorm(x, w, 1e-6);
-  } else if (mode == XMode::HeadNormGate) {
-    for (int h = 0; h < cols / head_dim; ++h) {
-      double ss = 0;
-      for (int d = 0; d < head_dim; ++d) ss += double(x[h * head_dim + d]) * x[h * head_dim + d];
-      const double inv = 1 / std::sqrt(ss / head_dim + 1e-6);
-      for (int d = 0; d < head_dim; ++d) {
-        const int c = h * head_dim + d;
-        xd[c] = x[c] * inv * w[d] * silu(z[c]);
-      }
-    }
   } else {  // EmbedRmsNorm: token 29 of a 37-row table
     E = make_q(37, cols, 4, 64, r);
     X.embed = upload_q(E);
@@ -96,7 +82,7 @@ void test_gemv(int bits, int group, int rows, int cols, XMode mode, YMode ymode,
     free_q(X.embed);
   }
   free_q(dW);
-  cudaFree(dx), cudaFree(dw), cudaFree(dz), cudaFree(dy), cudaFree(dh), cudaFree(dtok);
+  cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dh), cudaFree(dtok);
 }
 
 // Halted kernels must leave their outputs alone.
@@ -134,8 +120,7 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   QMat dR = upload_q(router);
   float* dh = to_dev(h);
   float* dw = to_dev(w);
-  RouterOut out{dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1),
-                dev_alloc<unsigned>(1, false)};
+  RouterOut out{dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1)};
   float* act = dev_alloc<float>(k * I + Is);
   XSpec X;
   X.mode = XMode::RmsNorm;
@@ -197,7 +182,7 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
 
   for (QMat* q : {&m.gate_up, &m.down, &m.shared_gate_up, &m.shared_down, &dR}) free_q(*q);
   cudaFree(dh), cudaFree(dw), cudaFree(act);
-  cudaFree(out.logits), cudaFree(out.ids), cudaFree(out.weights), cudaFree(out.shared_gate), cudaFree(out.counter);
+  cudaFree(out.logits), cudaFree(out.ids), cudaFree(out.weights), cudaFree(out.shared_gate);
 }
 
 }  // namespace
@@ -207,8 +192,8 @@ void run_gemv_moe_tests() {
   test_gemv(4, 64, 7, 384, XMode::RmsNorm, YMode::Add, 2);
   test_gemv(4, 32, 1000, 2048, XMode::RmsNorm, YMode::Store, 3);
   test_gemv(4, 128, 12352, 2048, XMode::Plain, YMode::Store, 4);
-  test_gemv(4, 64, 2048, 4096, XMode::HeadNormGate, YMode::Add, 5);
-  test_gemv(4, 64, 300, 128, XMode::HeadNormGate, YMode::Store, 6);
+  test_gemv(4, 64, 2048, 4096, XMode::Plain, YMode::Add, 5);  // the GDN output projection
+  test_gemv(4, 64, 300, 128, XMode::Plain, YMode::Store, 6);
   test_gemv(4, 64, 300, 256, XMode::EmbedRmsNorm, YMode::Store, 7);
   test_gemv(8, 64, 257, 2048, XMode::RmsNorm, YMode::Store, 8);
   test_gemv(8, 32, 33, 512, XMode::Plain, YMode::Add, 9);
@@ -217,13 +202,15 @@ void run_gemv_moe_tests() {
   test_moe(256, 16, 4, 64, 128, 11);   // lily-tiny shape
   test_moe(128, 8, 2, 64, 64, 12);     // the synthetic tiny shape
   test_moe(2048, 64, 8, 512, 512, 13);   // Qwen3.6-35B-A3B widths (64 of its 256 experts)
+  test_moe(2048, 256, 8, 512, 512, 14);  // all 256: one router row per warp of the cluster
+  test_moe(256, 512, 10, 64, 64, 15);    // 513 router rows: several per warp
   // Tensor-core path (tiled weights), the same shapes.
   test_gemv(4, 64, 1, 128, XMode::Plain, YMode::Store, 101, true);
   test_gemv(4, 64, 7, 384, XMode::RmsNorm, YMode::Add, 102, true);
   test_gemv(4, 64, 1000, 2048, XMode::RmsNorm, YMode::Store, 103, true);
   test_gemv(4, 64, 12352, 2048, XMode::Plain, YMode::Store, 104, true);
-  test_gemv(4, 64, 2048, 4096, XMode::HeadNormGate, YMode::Add, 105, true);
-  test_gemv(4, 64, 300, 128, XMode::HeadNormGate, YMode::Store, 106, true);
+  test_gemv(4, 64, 2048, 4096, XMode::Plain, YMode::Add, 105, true);
+  test_gemv(4, 64, 300, 128, XMode::Plain, YMode::Store, 106, true);
   test_gemv(4, 64, 300, 256, XMode::EmbedRmsNorm, YMode::Store, 107, true);
   test_gemv(4, 64, 33, 1088, XMode::RmsNorm, YMode::Store, 108, true);
   // Several row blocks per block in turn, odd counts and a partial last one.

@@ -46,7 +46,7 @@ struct Block {
     for (float& v : w) v += 1.0f;
     norm_w = to_dev(w);
     h0 = randn(H, r, 2.0);
-    out = {dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1), dev_alloc<unsigned>(1, false)};
+    out = {dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1)};
     act3 = dev_alloc<float>(k * I + Is);
     s.logits = dev_alloc<float>(E + 1);
     s.ids = dev_alloc<int>(k);
@@ -58,7 +58,7 @@ struct Block {
   ~Block() {
     for (QMat* q : {&router, &m.gate_up, &m.down, &m.shared_gate_up, &m.shared_down}) free_q(*q);
     cudaFree(norm_w), cudaFree(act3);
-    cudaFree(out.logits), cudaFree(out.ids), cudaFree(out.weights), cudaFree(out.shared_gate), cudaFree(out.counter);
+    cudaFree(out.logits), cudaFree(out.ids), cudaFree(out.weights), cudaFree(out.shared_gate);
     cudaFree(s.logits), cudaFree(s.ids), cudaFree(s.weights), cudaFree(s.shared_gate), cudaFree(s.act), cudaFree(s.sync);
   }
 

@@ -17,10 +17,13 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
   Rng r(seed);
   const int conv_dim = 2 * Hk * Dk + Hv * Dv, n_proj = conv_dim + Hv * Dv + 2 * Hv;
   const auto conv_w = randn(conv_dim * 4, r, 0.5), dt_bias = randn(Hv, r, 0.5);
+  std::vector<float> norm_w = randn(Dv, r, 0.2);
+  for (float& v : norm_w) v += 1.0f;
   std::vector<float> neg_a(Hv);
   for (float& v : neg_a) v = static_cast<float>(-std::exp(std::log(1 + 15 * r.uniform())));
   GdnArgs a;
   a.conv_w = to_dev(conv_w);
+  a.norm_w = to_dev(norm_w);
   a.dt_bias = to_dev(dt_bias);
   a.neg_A = to_dev(neg_a);
   a.ring = dev_alloc<float>(4 * conv_dim, false);
@@ -76,11 +79,18 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
         for (int i = 0; i < Dk; ++i) acc += (Sh[i * Dv + vv] += k[i] * ks * delta) * q[i] * qs;
         o[h * Dv + vv] = acc;
       }
+      double ss = 0;  // gated RMSNorm over the head
+      for (int vv = 0; vv < Dv; ++vv) ss += o[h * Dv + vv] * o[h * Dv + vv];
+      const double inv = 1 / std::sqrt(ss / Dv + 1e-6);
+      for (int vv = 0; vv < Dv; ++vv) {
+        const int i = h * Dv + vv;
+        o[i] = o[i] * inv * norm_w[vv] * silu(p[conv_dim + i]);
+      }
     }
     worst = std::max(worst, rel_err(out, o));
   }
   char name[160];
-  std::snprintf(name, sizeof name, "gdn Hk%d Hv%d Dk%d Dv%d, %d steps: output", Hk, Hv, Dk, Dv, steps);
+  std::snprintf(name, sizeof name, "gdn Hk%d Hv%d Dk%d Dv%d, %d steps: gated-norm output", Hk, Hv, Dk, Dv, steps);
   report(name, worst, 1e-4);
   const auto st = from_dev(state[steps & 1], S);
   std::vector<float> got(S);
@@ -89,7 +99,7 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
       for (int v = 0; v < Dv; ++v)
         got[(static_cast<size_t>(h) * Dk + k) * Dv + v] = st[gdn_state_index(Hv, Dk, Dv, h, k, v)];
   report("  final recurrent state", rel_err(got, Sref), 1e-4);
-  cudaFree(const_cast<float*>(a.conv_w)), cudaFree(const_cast<float*>(a.dt_bias)), cudaFree(const_cast<float*>(a.neg_A));
+  cudaFree(const_cast<float*>(a.conv_w)), cudaFree(const_cast<float*>(a.norm_w)), cudaFree(const_cast<float*>(a.dt_bias)), cudaFree(const_cast<float*>(a.neg_A));
   cudaFree(a.ring), cudaFree(state[0]), cudaFree(state[1]), cudaFree(proj), cudaFree(a.out), cudaFree(pos);
 }
 
