@@ -142,6 +142,7 @@ void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream) {
   if (a.Dk > kMaxDk || a.Dk % 16 != 0) fail("gdn_decode: key head dim must be a multiple of 16, <= 128");
   if (a.Dv % kGdnSplit != 0 || a.Dv / kGdnSplit * 4 > 128) fail("gdn_decode: value head dim must be a multiple of 4, <= 128");
   if (a.Hk <= 0 || a.Hv % a.Hk != 0) fail("gdn_decode: value heads must be a multiple of key heads");
+  if (!a.norm_w) fail("gdn_decode: the gated norm weight (norm_w) is missing");
   launch_clustered("gdn_decode", kGdnSplit, gdn_decode_kernel, dim3(kGdnSplit, a.Hv), dim3(128), 0, stream, a, halt);
 }
 

@@ -1,5 +1,5 @@
 // Gated DeltaNet prefill, step 3 of 3: the gated RMSNorm of the recurrence output, per
-// token t and value head h (the maths of XMode::HeadNormGate), written as the bf16 input
+// token t and value head h (the maths of gdn_decode's last step), written as the bf16 input
 // of the out-projection GEMM:
 //   out[t][h*Dv + d] = bf16(o[t][h][d] * rsqrt(mean_d(o[t][h]^2) + eps) * w[d] * silu(z[t][h*Dv + d]))
 // Limits: T >= 1, Dv a multiple of 16 up to 128; o, z, w 16-byte aligned, ldz % 4 == 0,

@@ -1,5 +1,5 @@
 // y = W x for one token (decode): W an MLX affine 4/8-bit matrix, x built by the block
-// from an XSpec (plain, RMSNorm, embedding + RMSNorm, Gated DeltaNet head norm + gate).
+// from an XSpec (plain, RMSNorm, embedding + RMSNorm).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -43,6 +43,19 @@ Weights random_weights(const Shape& sh, Rng& r) {
   return w;
 }
 
+// The gated RMSNorm of one token's o [Hv][Dv] (fp64): o * rsqrt(mean(o^2) + eps) * w * silu(z) per head.
+template <typename T>
+std::vector<double> gated_norm(const T* o, const float* z, int Hv, int Dv, const std::vector<float>& w) {
+  std::vector<double> x(static_cast<size_t>(Hv) * Dv);
+  for (int h = 0; h < Hv; ++h) {
+    double ss = 0;
+    for (int d = 0; d < Dv; ++d) ss += double(o[h * Dv + d]) * o[h * Dv + d];
+    const double inv = 1 / std::sqrt(ss / Dv + 1e-6);
+    for (int d = 0; d < Dv; ++d) x[h * Dv + d] = o[h * Dv + d] * inv * w[d] * silu(z[h * Dv + d]);
+  }
+  return x;
+}
+
 // The reference: gdn_decode's maths in fp64, one token at a time.
 struct Ref {
   Shape sh;
@@ -207,16 +220,12 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
                          rel_err(from_dev(d_decay, T * sh.Hv), ref.decay)});
     const auto o = from_dev(d_o, T * vd);
     o_err = std::max(o_err, rel_err(o, ref.o));
-    std::vector<double> x(T * vd);  // the gated norm of the kernel's own o
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < sh.Hv; ++h) {
-        const float* oh = &o[(static_cast<size_t>(t) * sh.Hv + h) * sh.Dv];
-        const float* z = &proj[static_cast<size_t>(t0 + t) * ldp + cd + h * sh.Dv];
-        double ss = 0;
-        for (int d = 0; d < sh.Dv; ++d) ss += double(oh[d]) * oh[d];
-        const double inv = 1 / std::sqrt(ss / sh.Dv + 1e-6);
-        for (int d = 0; d < sh.Dv; ++d) x[(static_cast<size_t>(t) * sh.Hv + h) * sh.Dv + d] = oh[d] * inv * w.norm_w[d] * silu(z[d]);
-      }
+    std::vector<double> x;  // the gated norm of the kernel's own o
+    for (int t = 0; t < T; ++t) {
+      const auto xt = gated_norm(&o[static_cast<size_t>(t) * vd], &proj[static_cast<size_t>(t0 + t) * ldp + cd], sh.Hv,
+                                 sh.Dv, w.norm_w);
+      x.insert(x.end(), xt.begin(), xt.end());
+    }
     norm_err = std::max(norm_err, bf16_err(from_dev(d_out, T * vd), x));
     tail_ok = tail_ok && untouched(d_q + T * kd, kd) && untouched(d_k + T * kd, kd) && untouched(d_v + T * vd, vd) &&
               untouched(d_beta + T * sh.Hv, sh.Hv) && untouched(d_decay + T * sh.Hv, sh.Hv) &&
@@ -240,7 +249,7 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   // gdn_decode continues: token `total` at position pos0 + total.
   GdnArgs da;
   da.proj = d_proj + static_cast<size_t>(total) * ldp;
-  da.conv_w = d_conv_w, da.ring = d_ring, da.dt_bias = d_dt_bias, da.neg_A = d_neg_A;
+  da.conv_w = d_conv_w, da.ring = d_ring, da.dt_bias = d_dt_bias, da.neg_A = d_neg_A, da.norm_w = d_norm_w;
   da.state_in = d_state;
   float* d_state2 = dev_alloc<float>(sh.state_size());
   da.state_out = d_state2;
@@ -252,7 +261,9 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   CK(cudaGetLastError());
   ref.clear_outputs();
   ref.step(&proj[static_cast<size_t>(total) * ldp], pos0 + total);
-  report("  then gdn_decode: o", rel_err(from_dev(da.out, vd), ref.o), 1e-4);
+  const float* z = &proj[static_cast<size_t>(total) * ldp + cd];
+  report("  then gdn_decode: gated-norm output", rel_err(from_dev(da.out, vd), gated_norm(ref.o.data(), z, sh.Hv, sh.Dv, w.norm_w)),
+         1e-4);
   report("  then gdn_decode: state", rel_err(from_decode_layout(sh, from_dev(d_state2, sh.state_size())), ref.S), 1e-4);
 
   for (float* p : {d_proj, d_conv_w, d_dt_bias, d_neg_A, d_norm_w, d_ring, d_state, d_state2, d_q, d_k, d_v, d_beta, d_decay, d_o, da.out,

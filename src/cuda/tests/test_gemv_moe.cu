@@ -70,7 +70,7 @@ void test_gemv(int bits, int group, int rows, int cols, XMode mode, YMode ymode,
   std::vector<double> ref = matvec(W, xd);
   if (ymode == YMode::Add)
     for (int i = 0; i < rows; ++i) ref[i] += y0[i];
-  const char* names[] = {"plain", "rmsnorm", "embed+rmsnorm", "headnorm+gate"};
+  const char* names[] = {"plain", "rmsnorm", "embed+rmsnorm"};
   char name[160];
   std::snprintf(name, sizeof name, "gemv %d-bit g%d %dx%d %s %s%s", bits, group, rows, cols, names[int(mode)],
                 ymode == YMode::Add ? "add" : "store", tiled ? " (tensor cores)" : "");
