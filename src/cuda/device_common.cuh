@@ -98,8 +98,8 @@ __device__ __forceinline__ void decode_trigger() {
 // block has started: every block arrives (cluster_arrive) early and waits (cluster_wait)
 // before its first remote access; a full cluster.sync() after the last remote access
 // keeps every block alive until no other block can touch its shared memory.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;" ::: "memory"); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -8,7 +8,7 @@
 //   out = o * rsqrt(mean(o^2) + eps) * norm_w * silu(z)   (gated RMSNorm over the head's Dv).
 // The state is read from one buffer and written to another (double buffering), so a
 // step that is later discarded leaves the previous state intact.
-// pos, the ring and state_in are read before the wait on the kernel launched just before
+// pos, the ring, state_in and the weights are read before the wait on the kernel launched just before
 // (PDL), which must therefore write none of them (decode writes proj there); any earlier
 // kernel may, as every kernel here lets its dependents start only after its own wait.
 #pragma once

@@ -182,10 +182,10 @@ struct RowWalk {
   }
 };
 
-// Shared memory of stage_x: xs [cols/4 float4] + xsum [cols/cpc] + 32 + 64 scratch floats.
+// Shared memory of stage_x: xs [cols/4 float4] + xsum [cols/cpc] + 32 scratch floats (block_sum).
 template <int BITS>
 __host__ __device__ constexpr size_t stage_bytes(int cols) {
-  return static_cast<size_t>(cols) * 4 + static_cast<size_t>(cols / cols_per_chunk<BITS>()) * 4 + 96 * 4;
+  return static_cast<size_t>(cols) * 4 + static_cast<size_t>(cols / cols_per_chunk<BITS>()) * 4 + 32 * 4;
 }
 
 __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
@@ -217,7 +217,7 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
     const int row = *X.token;
     const float4 v = make_float4(embed_value(X.embed, row, 4 * f), embed_value(X.embed, row, 4 * f + 1),
                                  embed_value(X.embed, row, 4 * f + 2), embed_value(X.embed, row, 4 * f + 3));
-    if (blockIdx.x == 0) reinterpret_cast<float4*>(X.h_out)[f] = v;
+    if (blockIdx.x + blockIdx.y + blockIdx.z == 0) reinterpret_cast<float4*>(X.h_out)[f] = v;  // the first block
     return v;
   };
   auto norm_w = [&](int f) { return rms ? reinterpret_cast<const float4*>(X.w)[f] : make_float4(1.f, 1.f, 1.f, 1.f); };

@@ -10,7 +10,7 @@
 namespace lily::cuda {
 
 struct RouterOut {
-  float* logits = nullptr;       // [E + 1] the logits (for tests)
+  float* logits = nullptr;       // [E + 1] the logits (block 0 copies them here after routing)
   int* ids = nullptr;            // [k] chosen experts, by descending probability
   float* weights = nullptr;      // [k] routing weights
   float* shared_gate = nullptr;  // [1] sigmoid(shared_expert_gate . x)

@@ -57,9 +57,9 @@ __device__ __forceinline__ float group_term(uint32_t sb, float v, float xsum) {
   return fmaf(s, v, (b - 128.0f * s) * xsum);
 }
 
-// Shared memory of stage_x_mma: fragments (cols * 4 bytes), group sums, the raw x, scratch.
+// Shared memory of stage_x_mma: fragments (cols * 4 bytes), group sums, the raw x, 32 scratch floats.
 __host__ __device__ constexpr size_t stage_mma_bytes(int cols) {
-  return static_cast<size_t>(cols) * 8 + static_cast<size_t>((cols / 64 + 3) / 4 * 4) * 4 + 96 * 4;
+  return static_cast<size_t>(cols) * 8 + static_cast<size_t>((cols / 64 + 3) / 4 * 4) * 4 + 32 * 4;
 }
 
 // The regions of stage_x_mma carved from dynamic shared memory (stage_mma_bytes(cols)).
