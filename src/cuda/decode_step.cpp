@@ -94,7 +94,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       g.Dk = c.linear_key_head_dim;
       g.Dv = c.linear_value_head_dim;
       g.eps = eps;
-      if (ws.gdn_fused) {
+      if (ws.gdn_fused && xin.mode != XMode::EmbedRmsNorm) {  // layer 0: see gdn_fused.h
         gdn_fused_decode(L.gdn_in, xin, g, halt, stream);
       } else {
         gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);

@@ -194,21 +194,29 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   decode_trigger();
 }
 
-template <int GPW>
-void launch_fused(const QMat& W, const XSpec& X, const GdnArgs& g, const int* halt, cudaStream_t stream) {
-  auto kernel = gdn_fused_kernel<GPW>;
-  const int R = g.Hv / g.Hk, C = R * kGdnSplit;  // <= 16: the size max_cluster_size allows above 8
-  const size_t smem = stage_mma_bytes(W.cols) + static_cast<size_t>(2 * g.Dk + 2 * R * g.Dv + 2 * R) * 4;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "gdn_fused: set smem");
-  if (max_cluster_size(reinterpret_cast<const void*>(kernel), kThreads, smem, C, "gdn_fused") < C)
-    fail("gdn_fused: this device cannot place clusters of ", std::to_string(C), " blocks");
-  launch_clustered("gdn_fused", C, kernel, dim3(C, g.Hk), dim3(kThreads), smem, stream, W, X, g, halt);
+// The kernel for this shape, its cluster size and dynamic shared memory (attributes set).
+struct FusedLaunch {
+  void (*kernel)(QMat, XSpec, GdnArgs, const int*);
+  int cluster;
+  size_t smem;
+};
+
+FusedLaunch fused_launch(const QMat& W, const GdnArgs& g) {
+  const int G = W.cols / 64, gpw = (G + kWarps - 1) / kWarps;
+  FusedLaunch f{gpw <= 1 ? gdn_fused_kernel<1> : gpw <= 2 ? gdn_fused_kernel<2> : gdn_fused_kernel<4>, 0, 0};
+  const int R = g.Hv / g.Hk;
+  f.cluster = R * kGdnSplit;  // <= 16: the size max_cluster_size allows above 8
+  f.smem = stage_mma_bytes(W.cols) + static_cast<size_t>(2 * g.Dk + 2 * R * g.Dv + 2 * R) * 4;
+  allow_dynamic_smem(reinterpret_cast<const void*>(f.kernel), f.smem, "gdn_fused: set smem");
+  if (max_cluster_size(reinterpret_cast<const void*>(f.kernel), kThreads, f.smem, f.cluster, "gdn_fused") < f.cluster)
+    fail("gdn_fused: this device cannot place clusters of ", std::to_string(f.cluster), " blocks");
+  return f;
 }
 
 }  // namespace
 
 bool gdn_fused_supported(const QMat& W_in, const GdnArgs& g) {
-  if (g.Hk <= 0 || g.Hv % g.Hk != 0) return false;
+  if (g.Hk <= 0 || g.Hv <= 0 || g.Dk <= 0 || g.Dv <= 0 || g.Hv % g.Hk != 0) return false;
   const int R = g.Hv / g.Hk;
   const int rows = 2 * g.Hk * g.Dk + 2 * g.Hv * g.Dv + 2 * g.Hv;
   return W_in.tiled && W_in.bits == 4 && W_in.rows == rows && R * kGdnSplit <= kMaxCluster && 16 % R == 0 &&
@@ -219,10 +227,27 @@ bool gdn_fused_supported(const QMat& W_in, const GdnArgs& g) {
 void gdn_fused_decode(const QMat& W_in, const XSpec& X, const GdnArgs& g, const int* halt, cudaStream_t stream) {
   if (!gdn_fused_supported(W_in, g)) fail("gdn_fused: unsupported shape (gdn_fused.h lists what it takes)");
   if (!g.norm_w) fail("gdn_fused: the gated norm weight (norm_w) is missing");
-  const int G = W_in.cols / 64, gpw = (G + kWarps - 1) / kWarps;
-  if (gpw <= 1) launch_fused<1>(W_in, X, g, halt, stream);
-  else if (gpw <= 2) launch_fused<2>(W_in, X, g, halt, stream);
-  else launch_fused<4>(W_in, X, g, halt, stream);
+  if (X.mode == XMode::EmbedRmsNorm) fail("gdn_fused: x from the embedding writes h early (gdn_fused.h); use the two launches");
+  const FusedLaunch f = fused_launch(W_in, g);
+  launch_clustered("gdn_fused", f.cluster, f.kernel, dim3(f.cluster, g.Hk), dim3(kThreads), f.smem, stream, W_in, X, g,
+                   halt);
+}
+
+int gdn_fused_max_active_clusters(const QMat& W_in, const GdnArgs& g) {
+  if (!gdn_fused_supported(W_in, g)) fail("gdn_fused: unsupported shape (gdn_fused.h lists what it takes)");
+  const FusedLaunch f = fused_launch(W_in, g);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(f.cluster, g.Hk);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = f.smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {static_cast<unsigned>(f.cluster), 1, 1};
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  check(cudaOccupancyMaxActiveClusters(&n, f.kernel, &cfg), "gdn_fused: active clusters");
+  return n;
 }
 
 }  // namespace lily::cuda

@@ -13,6 +13,8 @@
 //      for the gated norm exchanged through distributed shared memory.
 // The conv ring, pos and the state are read before the PDL wait (gdn_decode.h says why
 // that is safe); x (from h) after it. Outputs as gdn_decode: ring row, state_out, out.
+// x must not come from the embedding (XMode::EmbedRmsNorm writes h, which the
+// out-projection launched next reads before its wait): layer 0 keeps the two launches.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -29,5 +31,8 @@ bool gdn_fused_supported(const QMat& W_in, const GdnArgs& g);
 // W_in: the in-projection [q | k | v | z | b | a rows, H]; X: x = RMSNorm(h) (or the embedding
 // row + RMSNorm in layer 0); g as for gdn_decode (g.proj is not used).
 void gdn_fused_decode(const QMat& W_in, const XSpec& X, const GdnArgs& g, const int* halt, cudaStream_t stream);
+
+// How many of its clusters the device holds at once (all Hk of them should fit in one wave).
+int gdn_fused_max_active_clusters(const QMat& W_in, const GdnArgs& g);
 
 }  // namespace lily::cuda

@@ -157,6 +157,7 @@ void test_gdn_fused(int H, int Hk, int Hv, int Dk, int Dv, int steps, uint64_t s
   std::snprintf(name, sizeof name, "gdn fused H%d Hk%d Hv%d Dk%d Dv%d, %d steps: output vs in-projection + gdn_decode", H,
                 Hk, Hv, Dk, Dv, steps);
   report(name, worst, 1e-4);
+  std::printf("  (%d clusters held at once, %d needed)\n", gdn_fused_max_active_clusters(W, a), Hk);
   report("  final recurrent state", rel_err(from_dev(paths[0].state[steps & 1], S), widen(from_dev(paths[1].state[steps & 1], S))),
          1e-4);
   const auto ring = from_dev(paths[0].ring, 4 * conv_dim);
