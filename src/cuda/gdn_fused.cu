@@ -12,6 +12,10 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
+// Phase 1 runs as two independent halves of 8 warps, each a chain of row blocks with one
+// in flight ahead (named barriers 1 and 2), as two 256-thread blocks on one multiprocessor
+// would: the in-projection's row blocks are as many per multiprocessor as in gemv.
+constexpr int kHalfWarps = kWarps / 2;
 constexpr int kMaxDk = 128;
 constexpr int kLanesPerColumn = 16;  // recurrence: 16 threads share a value column, Dk/16 keys each
 constexpr int kMaxCluster = 16;
@@ -55,6 +59,10 @@ struct Tap {
   float past = 0.0f;  // w.x ring[pos-3] + w.y ring[pos-2] + w.z ring[pos-1]
 };
 
+__device__ __forceinline__ void half_sync(int half) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(kHalfWarps * 32) : "memory");
+}
+
 __device__ __forceinline__ float sum16(float v) {  // over the 16 lanes of a column
 #pragma unroll
   for (int o = 1; o < kLanesPerColumn; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -66,11 +74,13 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   extern __shared__ uint4 smem_u4[];
   const cg::cluster_group cluster = cg::this_cluster();
   const int C = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  const int t = threadIdx.x, lane = t & 31, H = W.cols, G = H / 64, g0 = (t >> 5) * GPW;
+  const int t = threadIdx.x, lane = t & 31, H = W.cols, G = H / 64;
+  const int half = t / (kHalfWarps * 32), hw = (t >> 5) % kHalfWarps, g0 = hw * GPW;
   const HeadRows hr{static_cast<int>(blockIdx.y), a.Hk, a.Hv, a.Dk, a.Dv, a.Hv / a.Hk};
   const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   float* local = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem_u4) + stage_mma_bytes(H));
-  __shared__ float red[2][kWarps][16], qs[kMaxDk], ks[kMaxDk], sums[32], head_ss[kGdnSplit];
+  __shared__ float red[2][2][kHalfWarps][16];  // [half][row block parity][warp][row]
+  __shared__ float qs[kMaxDk], ks[kMaxDk], sums[32], head_ss[kGdnSplit];
 
   // Block rank -> (value head, split) of the recurrence; thread -> (column, key lane).
   const int vj = rank / kGdnSplit, split = rank % kGdnSplit, vh = hr.kh * hr.R + vj;
@@ -81,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
 
   // Before the wait: the first weight tile, pos, the conv taps and the state (none of
   // them written by the kernel launched just before this one).
-  int e = rank;
+  int e = rank + half * C;  // this half's row blocks: e, e + 2C, ...
   MmaTiles<GPW> next;
   if (e < hr.n_blocks()) next.load(W, hr.block(e), g0, G, lane);
   const int conv_dim = hr.conv_dim();
@@ -113,16 +123,26 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   stage_x_mma(X, H, xf, xsum, raw, raw + H);
   timeline_mark(0);
   cluster_wait();  // every block has started: its shared memory may be written
-  for (int it = 0; e < hr.n_blocks(); e += C, ++it) {
+  for (int it = 0; e < hr.n_blocks(); e += 2 * C, ++it) {
     const MmaTiles<GPW> cur = next;
-    if (e + C < hr.n_blocks()) next.load(W, hr.block(e + C), g0, G, lane);
+    if (e + 2 * C < hr.n_blocks()) next.load(W, hr.block(e + 2 * C), g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
     cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
     if (it == 0) timeline_mark(1);
-    const float y = reduce_rows16(red[it & 1], y0, y1);
-    const int sl = t < 16 ? hr.slot(hr.block(e) * 16 + t) : -1;
-    if (sl >= 0)
-      for (int d = 0; d < C; ++d) cluster.map_shared_rank(local, d)[sl] = y;
+    float (*rd)[16] = red[half][it & 1];
+    if ((lane & 3) == 0) {
+      rd[hw][lane >> 2] = y0;
+      rd[hw][(lane >> 2) + 8] = y1;
+    }
+    half_sync(half);
+    const int r = t % (kHalfWarps * 32);
+    if (r < 16) {
+      float y = 0.0f;
+      for (int w = 0; w < kHalfWarps; ++w) y += rd[w][r];  // warp order: deterministic
+      const int sl = hr.slot(hr.block(e) * 16 + r);
+      if (sl >= 0)
+        for (int d = 0; d < C; ++d) cluster.map_shared_rank(local, d)[sl] = y;
+    }
   }
   cluster.sync();  // release/acquire: every block holds the whole local copy
 
@@ -151,8 +171,8 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
     a.ring[rc * conv_dim + v_ch] = xv;
     sums[t] = siluf_(tv.past + tv.w.w * xv);  // v of column t (read after the block sums' barriers)
   }
-  sq = block_sum(sq, red[0][0]);
-  sk = block_sum(sk, red[1][0]);
+  sq = block_sum(sq, red[0][0][0]);
+  sk = block_sum(sk, red[1][0][0]);
   if (active) v = sums[col];
   const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
   const float kscale = rsqrtf(sk + 1e-6f);
@@ -183,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
     if (active && i < nk) a.state_out[state_at(i)] = s[i];
 
   // Gated RMSNorm over the value head: the sums of squares of its kGdnSplit blocks.
-  const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red[0][0]);
+  const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red[0][0][0]);
   if (t < kGdnSplit) cluster.map_shared_rank(head_ss, vj * kGdnSplit + t)[split] = part;
   cluster.sync();
   float ss = 0.0f;
@@ -202,8 +222,12 @@ struct FusedLaunch {
 };
 
 FusedLaunch fused_launch(const QMat& W, const GdnArgs& g) {
-  const int G = W.cols / 64, gpw = (G + kWarps - 1) / kWarps;
-  FusedLaunch f{gpw <= 1 ? gdn_fused_kernel<1> : gpw <= 2 ? gdn_fused_kernel<2> : gdn_fused_kernel<4>, 0, 0};
+  const int G = W.cols / 64, gpw = (G + kHalfWarps - 1) / kHalfWarps;
+  FusedLaunch f{gpw <= 1   ? gdn_fused_kernel<1>
+                : gpw <= 2 ? gdn_fused_kernel<2>
+                : gpw <= 4 ? gdn_fused_kernel<4>
+                           : gdn_fused_kernel<8>,
+                0, 0};
   const int R = g.Hv / g.Hk;
   f.cluster = R * kGdnSplit;  // <= 16: the size max_cluster_size allows above 8
   f.smem = stage_mma_bytes(W.cols) + static_cast<size_t>(2 * g.Dk + 2 * R * g.Dv + 2 * R) * 4;

@@ -5,8 +5,9 @@
 //
 // One thread-block cluster of C = (Hv/Hk) * kGdnSplit blocks per key head kh (grid C x Hk):
 //   1. the in-projection rows of kh, in 16-row blocks: q and k of kh, v and z of its Hv/Hk
-//      value heads, and the row blocks holding their b and a rows, dealt to the C blocks;
-//      each block writes its rows' outputs into every block's shared copy of the head's
+//      value heads, and the row blocks holding their b and a rows, dealt to the C blocks
+//      (to each half of a block's warps in turn, so a multiprocessor streams two chains
+//      of row blocks as the two blocks per multiprocessor of gemv do); each block writes its rows' outputs into every block's shared copy of the head's
 //      projection (distributed shared memory); one cluster barrier;
 //   2. block r is split r % kGdnSplit of value head kh * Hv/Hk + r / kGdnSplit, as in
 //      gdn_decode (same state layout, gdn_state_index), with the head's sums of squares
