@@ -3,6 +3,7 @@
 #include <cooperative_groups.h>
 
 #include "device_common.cuh"
+#include "gdn_step.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -26,31 +27,23 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   // Only the input projection (proj) comes from the kernel launched just before this one;
   // pos, the conv ring and the state were last written a step ago (gdn_decode.h), so they
   // and the weights are read before the wait, through L2 (an SM's L1 may be stale).
-  const int pos = __ldcg(a.pos);
-  const int r0 = (pos + 1) & 3, r1 = (pos + 2) & 3, r2 = (pos + 3) & 3, rc = pos & 3;  // pos-3, pos-2, pos-1, pos
+  const int pos = __ldcg(a.pos), rc = pos & 3;  // the ring row of this position
 
   // Causal conv + SiLU of this thread's q, k and v channels (at most one each: Dk, C <= 128
   // threads). The q/k channels of a key head are shared by Hv/Hk value heads and all
   // splits; one block writes their ring row (identical values, no race on reads).
-  struct Tap {
+  const ConvRing ring(a.ring, conv_dim, pos);
+  struct Channel {  // a conv channel and its taps
     int ch = -1;
-    float4 w;
-    float past = 0.0f;  // w.x ring[pos-3] + w.y ring[pos-2] + w.z ring[pos-1]
+    ConvTap tap;
   };
-  auto tap = [&](int ch) {
-    Tap c;
-    c.ch = ch;
-    c.w = reinterpret_cast<const float4*>(a.conv_w)[ch];
-    c.past = c.w.x * __ldcg(a.ring + r0 * conv_dim + ch) + c.w.y * __ldcg(a.ring + r1 * conv_dim + ch) +
-             c.w.z * __ldcg(a.ring + r2 * conv_dim + ch);
-    return c;
-  };
-  Tap tq, tk, tv;
+  auto channel = [&](int ch) { return Channel{ch, ConvTap::load(a.conv_w, ring, ch)}; };
+  Channel tq, tk, tv;
   if (t < a.Dk) {
-    tq = tap(kh * a.Dk + t);
-    tk = tap(a.Hk * a.Dk + kh * a.Dk + t);
+    tq = channel(kh * a.Dk + t);
+    tk = channel(a.Hk * a.Dk + kh * a.Dk + t);
   }
-  if (t < C) tv = tap(2 * a.Hk * a.Dk + h * a.Dv + split * C + t);
+  if (t < C) tv = channel(2 * a.Hk * a.Dk + h * a.Dv + split * C + t);
   const float dt_bias = a.dt_bias[h], neg_A = a.neg_A[h];
 
   const int col = t >> 2, kq = t & 3;
@@ -75,10 +68,10 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   cluster_arrive();
   const float z = a.proj[conv_dim + v_idx];
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
-  auto conv = [&](const Tap& c, bool write) {
+  auto conv = [&](const Channel& c, bool write) {
     const float x = a.proj[c.ch];
     if (write) a.ring[rc * conv_dim + c.ch] = x;
-    return siluf_(c.past + c.w.w * x);
+    return c.tap.apply(x);
   };
   float sq = 0.0f, sk = 0.0f;
   if (t < a.Dk) {
@@ -94,9 +87,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
   const float kscale = rsqrtf(sk + 1e-6f);
   const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
-  const float araw = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h] + dt_bias;
-  const float softplus = araw > 20.0f ? araw : log1pf(__expf(araw));
-  const float decay = __expf(neg_A * softplus);
+  const float decay = gdn_decay(a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h], dt_bias, neg_A);
 
   float kv = 0.0f;
 #pragma unroll

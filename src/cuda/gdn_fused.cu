@@ -3,6 +3,7 @@
 #include <cooperative_groups.h>
 
 #include "device_common.cuh"
+#include "gdn_step.cuh"
 #include "qmma.cuh"
 
 namespace lily::cuda {
@@ -53,12 +54,6 @@ struct HeadRows {
   }
 };
 
-// One causal-conv channel: its weights and the taps of the three previous positions.
-struct Tap {
-  float4 w;
-  float past = 0.0f;  // w.x ring[pos-3] + w.y ring[pos-2] + w.z ring[pos-1]
-};
-
 __device__ __forceinline__ void half_sync(int half) {
   asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(kHalfWarps * 32) : "memory");
 }
@@ -95,19 +90,15 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   MmaTiles<GPW> next;
   if (e < hr.n_blocks()) next.load(W, hr.block(e), g0, G, lane);
   const int conv_dim = hr.conv_dim();
-  const int pos = __ldcg(a.pos);
-  const int r0 = (pos + 1) & 3, r1 = (pos + 2) & 3, r2 = (pos + 3) & 3, rc = pos & 3;  // pos-3, pos-2, pos-1, pos
-  auto tap = [&](int ch) {
-    Tap c;
-    c.w = reinterpret_cast<const float4*>(a.conv_w)[ch];
-    c.past = c.w.x * __ldcg(a.ring + r0 * conv_dim + ch) + c.w.y * __ldcg(a.ring + r1 * conv_dim + ch) +
-             c.w.z * __ldcg(a.ring + r2 * conv_dim + ch);
-    return c;
-  };
+  const int pos = __ldcg(a.pos), rc = pos & 3;  // the ring row of this position
   const int q_ch = hr.kh * a.Dk + t, k_ch = (a.Hk + hr.kh) * a.Dk + t, v_ch = 2 * a.Hk * a.Dk + vh * a.Dv + split * Cc + t;
-  Tap tq, tk, tv;
-  if (t < a.Dk) tq = tap(q_ch), tk = tap(k_ch);
-  if (t < Cc) tv = tap(v_ch);
+  const ConvRing ring(a.ring, conv_dim, pos);
+  ConvTap tq, tk, tv;
+  if (t < a.Dk) {
+    tq = ConvTap::load(a.conv_w, ring, q_ch);
+    tk = ConvTap::load(a.conv_w, ring, k_ch);
+  }
+  if (t < Cc) tv = ConvTap::load(a.conv_w, ring, v_ch);
   const float dt_bias = a.dt_bias[vh], neg_A = a.neg_A[vh], norm_w = a.norm_w[vcol];
   // S[k][v] for k = 16i + kq, v = vcol, in gdn_state_index's layout.
   const size_t base = (static_cast<size_t>(vh) * kGdnSplit + split) * a.Dk * Cc;
@@ -159,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
       a.ring[rc * conv_dim + q_ch] = xq;
       a.ring[rc * conv_dim + k_ch] = xk;
     }
-    const float q = siluf_(tq.past + tq.w.w * xq), k = siluf_(tk.past + tk.w.w * xk);
+    const float q = tq.apply(xq), k = tk.apply(xk);
     qs[t] = q;
     ks[t] = k;
     sq = q * q;
@@ -169,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   if (t < Cc) {
     const float xv = lv[split * Cc + t];
     a.ring[rc * conv_dim + v_ch] = xv;
-    sums[t] = siluf_(tv.past + tv.w.w * xv);  // v of column t (read after the block sums' barriers)
+    sums[t] = tv.apply(xv);  // v of column t (read after the block sums' barriers)
   }
   sq = block_sum(sq, red[0][0][0]);
   sk = block_sum(sk, red[1][0][0]);
@@ -177,9 +168,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
   const float kscale = rsqrtf(sk + 1e-6f);
   const float beta = sigmoidf_(b);
-  const float sp_in = araw + dt_bias;
-  const float softplus = sp_in > 20.0f ? sp_in : log1pf(__expf(sp_in));
-  const float decay = __expf(neg_A * softplus);
+  const float decay = gdn_decay(araw, dt_bias, neg_A);
 
   float kv = 0.0f;
 #pragma unroll
