@@ -6,6 +6,9 @@
 //   cluster exchange, n per kernel  (t(9) - t(1)) / 8: 8 blocks of a thread-block cluster
 //                                   publish 257 floats in shared memory and each gathers all
 //                                   of them through distributed shared memory (two cluster barriers)
+//   stream 16 MB, ...               GB/s of one layer's expert weights (8 routed + shared,
+//                                   gate/up + down) read by the whole GPU, and by 9 clusters
+//                                   of 16 blocks (one per MoE slot: as many SMs as they get)
 #include <cooperative_groups.h>
 
 #include "bench.h"
@@ -72,6 +75,22 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads) clu
   pdl_trigger();
 }
 
+// Streams bytes [blockIdx.x * per, +per) of w (16-byte loads, 8 in flight per thread).
+__global__ void __launch_bounds__(kThreads) stream_kernel(const uint4* w, size_t per, float* sink) {
+  pdl_wait();
+  const uint4* p = w + blockIdx.x * per;
+  uint32_t acc = 0;
+  for (size_t i = threadIdx.x; i < per; i += 8 * kThreads) {
+    uint4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = i + j * kThreads < per ? load_stream(p + i + j * kThreads) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x] = 1.0f;  // keeps the loads
+  pdl_trigger();
+}
+
 }  // namespace
 
 void add_phase_probe_ops(std::vector<Op>& ops) {
@@ -98,6 +117,26 @@ void add_phase_probe_ops(std::vector<Op>& ops) {
   };
   exchanges(1, cluster_exchange_kernel<1>);
   exchanges(9, cluster_exchange_kernel<9>);
+
+  // One MoE layer's expert weights at 35B-A3B widths: 9 x (gate/up 2I x H + down H x I), 4-bit.
+  const size_t moe_bytes = 9 * (3 * static_cast<size_t>(kI) * kH / 2 + 3 * static_cast<size_t>(kI) * kH / 64 * 4);
+  auto streams = [&](const std::string& name, bool clustered) {
+    ops.push_back({"probe: stream " + name, std::to_string(moe_bytes >> 20) + " MB", static_cast<double>(moe_bytes), 0,
+                   [=](Arena& A) -> Launch {
+                     const uint4* w = reinterpret_cast<const uint4*>(A.normal(moe_bytes / 4));
+                     const int cluster = clustered ? max_cluster_size(reinterpret_cast<const void*>(stream_kernel), kThreads,
+                                                                      0, 16, "probe stream")
+                                                   : 1;
+                     const int blocks = clustered ? 9 * cluster : probe_grid();
+                     float* sink = A.zeros<float>(blocks);
+                     const size_t per = moe_bytes / 16 / blocks;
+                     return [=](cudaStream_t s) {
+                       launch_clustered("probe stream", cluster, stream_kernel, dim3(blocks), dim3(kThreads), 0, s, w, per, sink);
+                     };
+                   }});
+  };
+  streams("by the whole GPU (2 blocks per SM)", false);
+  streams("by 9 clusters of 16 blocks", true);
 }
 
 }  // namespace lily::bench
