@@ -182,6 +182,20 @@ void add_decode_ops(std::vector<Op>& ops) {
                    float* h = A.normal(kH);
                    return [=](cudaStream_t s) { moe_down(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s); };
                  }});
+  ops.push_back({"moe experts: gate_up, down (2 launches)", "E 256, top-8, I 512", gate_up_w + down_w + act_bytes + 3 * kH * 4.0,
+                 2.0 * (kTopK + 1) * 3 * kI * kH, [](Arena& A) -> Launch {
+                   const MoeExperts m = experts(A);
+                   float* h = A.normal(kH);
+                   const XSpec X = rmsnorm_of(A, h);
+                   const int* ids = routed_ids(A);
+                   const float* w = routed_weights(A);
+                   const float* shared_gate = A.upload(std::vector<float>{0.4f});
+                   float* act = A.normal(kTopK * kI + kIs);
+                   return [=](cudaStream_t s) {
+                     moe_gate_up(m, X, ids, kTopK, act, nullptr, s);
+                     moe_down(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s);
+                   };
+                 }});
   ops.push_back({"moe block: router, gate_up, down (3 launches)", "E 256, top-8, I 512",
                  qbytes(kE + 1, kH, 8) + gate_up_w + down_w + 3 * kH * 4.0,
                  2.0 * ((kE + 1) + kTopK * 3 * kI + 3 * kIs) * kH, [](Arena& A) -> Launch {
