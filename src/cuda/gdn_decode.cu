@@ -1,14 +1,10 @@
 #include "gdn_decode.h"
 
-#include <cooperative_groups.h>
-
 #include "device_common.cuh"
 #include "gdn_step.cuh"
 
 namespace lily::cuda {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kMaxDk = 128;
 
@@ -84,45 +80,17 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   if (t < C) vs[t] = conv(tv, true);
   sq = block_sum(sq, red);
   sk = block_sum(sk, red);
-  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
-  const float kscale = rsqrtf(sk + 1e-6f);
   const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
   const float decay = gdn_decay(a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h], dt_bias, neg_A);
-
-  float kv = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxDk / 4; ++i)
-    if (i < nk) {
-      s[i] *= decay;
-      kv = fmaf(s[i], ks[4 * i + kq] * kscale, kv);
-    }
-  kv += __shfl_xor_sync(0xffffffffu, kv, 1);
-  kv += __shfl_xor_sync(0xffffffffu, kv, 2);
-  const float delta = active ? (vs[col] - kv) * beta : 0.0f;
-  float o = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxDk / 4; ++i)
-    if (i < nk) {
-      s[i] = fmaf(ks[4 * i + kq] * kscale, delta, s[i]);
-      o = fmaf(s[i], qs[4 * i + kq] * qscale, o);
-    }
-  o += __shfl_xor_sync(0xffffffffu, o, 1);
-  o += __shfl_xor_sync(0xffffffffu, o, 2);
+  const float o = delta_rule<4>(s, nk, kq, qs, ks, sq, sk, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
 
-  // Gated RMSNorm over the head: every block of the cluster gets each block's sum of o^2
-  // and adds them in split order (the same total everywhere).
+  // Gated RMSNorm over the head (its kGdnSplit blocks form the cluster).
   const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red);
-  const cg::cluster_group cluster = cg::this_cluster();
   cluster_wait();  // every block of the head has started
-  if (t < kGdnSplit) cluster.map_shared_rank(head_ss, t)[split] = part;
-  cluster.sync();
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[i];
-  const float hinv = rsqrtf(ss / a.Dv + a.eps);
+  const float hinv = head_inv_rms(part, head_ss, 0, split, a.Dv, a.eps);
   if (active && kq == 0) a.out[v_idx] = o * hinv * norm_w * siluf_(z);
   decode_trigger();
 }

@@ -58,12 +58,6 @@ __device__ __forceinline__ void half_sync(int half) {
   asm volatile("bar.sync %0, %1;" ::"r"(1 + half), "r"(kHalfWarps * 32) : "memory");
 }
 
-__device__ __forceinline__ float sum16(float v) {  // over the 16 lanes of a column
-#pragma unroll
-  for (int o = 1; o < kLanesPerColumn; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 template <int GPW>
 __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, GdnArgs a, const int* halt) {
   extern __shared__ uint4 smem_u4[];
@@ -165,40 +159,15 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
   sq = block_sum(sq, red[0][0][0]);
   sk = block_sum(sk, red[1][0][0]);
   if (active) v = sums[col];
-  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(a.Dk));
-  const float kscale = rsqrtf(sk + 1e-6f);
-  const float beta = sigmoidf_(b);
-  const float decay = gdn_decay(araw, dt_bias, neg_A);
-
-  float kv = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxDk / kLanesPerColumn; ++i)
-    if (i < nk) {
-      s[i] *= decay;
-      kv = fmaf(s[i], ks[kLanesPerColumn * i + kq] * kscale, kv);
-    }
-  kv = sum16(kv);
-  const float delta = active ? (v - kv) * beta : 0.0f;
-  float o = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxDk / kLanesPerColumn; ++i)
-    if (i < nk) {
-      s[i] = fmaf(ks[kLanesPerColumn * i + kq] * kscale, delta, s[i]);
-      o = fmaf(s[i], qs[kLanesPerColumn * i + kq] * qscale, o);
-    }
-  o = sum16(o);
+  const float o = delta_rule<kLanesPerColumn>(s, nk, kq, qs, ks, sq, sk, a.Dk, gdn_decay(araw, dt_bias, neg_A),
+                                              sigmoidf_(b), v, active);
 #pragma unroll
   for (int i = 0; i < kMaxDk / kLanesPerColumn; ++i)
     if (active && i < nk) a.state_out[state_at(i)] = s[i];
 
   // Gated RMSNorm over the value head: the sums of squares of its kGdnSplit blocks.
   const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red[0][0][0]);
-  if (t < kGdnSplit) cluster.map_shared_rank(head_ss, vj * kGdnSplit + t)[split] = part;
-  cluster.sync();
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[i];
-  const float hinv = rsqrtf(ss / a.Dv + a.eps);
+  const float hinv = head_inv_rms(part, head_ss, vj * kGdnSplit, split, a.Dv, a.eps);
   if (active && kq == 0) a.out[vh * a.Dv + vcol] = o * hinv * norm_w * siluf_(lz[vcol]);
   decode_trigger();
 }

@@ -1,6 +1,9 @@
 // Pieces of one Gated DeltaNet decode step shared by gdn_decode and gdn_fused.
 #pragma once
+#include <cooperative_groups.h>
+
 #include "device_common.cuh"
+#include "gdn_decode.h"
 
 namespace lily::cuda {
 
@@ -35,6 +38,58 @@ __device__ __forceinline__ float gdn_decay(float a, float dt_bias, float neg_A) 
   const float x = a + dt_bias;
   const float softplus = x > 20.0f ? x : log1pf(__expf(x));
   return __expf(neg_A * softplus);
+}
+
+// Sum over the LANES adjacent lanes that hold one value column.
+template <int LANES>
+__device__ __forceinline__ float column_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The delta rule on one value column v held by LANES adjacent threads, this one with the
+// keys k = LANES*i + lane_k (i < nk) of the column's state s (registers):
+//   q' = q / (|q| sqrt(Dk)), k' = k / |k|   (sq, sk: the block sums of q^2, k^2)
+//   S = decay S;  S += k' (beta (v - S^T k'))^T;  returns o = S^T q' (on all LANES threads).
+// qs, ks: q and k in shared memory; v is ignored where !active.
+template <int LANES, int N>
+__device__ __forceinline__ float delta_rule(float (&s)[N], int nk, int lane_k, const float* qs, const float* ks, float sq,
+                                            float sk, int Dk, float decay, float beta, float v, bool active) {
+  const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(Dk));
+  const float kscale = rsqrtf(sk + 1e-6f);
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (i < nk) {
+      s[i] *= decay;
+      kv = fmaf(s[i], ks[LANES * i + lane_k] * kscale, kv);
+    }
+  kv = column_sum<LANES>(kv);
+  const float delta = active ? (v - kv) * beta : 0.0f;
+  float o = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (i < nk) {
+      s[i] = fmaf(ks[LANES * i + lane_k] * kscale, delta, s[i]);
+      o = fmaf(s[i], qs[LANES * i + lane_k] * qscale, o);
+    }
+  return column_sum<LANES>(o);
+}
+
+// 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster
+// (ranks first .. first + kGdnSplit - 1): each block's sum of o^2 (part) goes into every
+// such block's head_ss[split] through distributed shared memory; after the cluster
+// barrier all add them in split order (the same total everywhere). Every block must have
+// started (cluster_wait) before the call.
+__device__ __forceinline__ float head_inv_rms(float part, float* head_ss, int first, int split, int Dv, float eps) {
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x < kGdnSplit) cluster.map_shared_rank(head_ss, first + static_cast<int>(threadIdx.x))[split] = part;
+  cluster.sync();
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[i];
+  return rsqrtf(ss / Dv + eps);
 }
 
 }  // namespace lily::cuda
