@@ -197,8 +197,9 @@ __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
   return fmaf(bf16_lo(sb), static_cast<float>(q), bf16_hi(sb));
 }
 
-// Builds x (per XSpec) for the block: raw values go to raw[xs_pos(f)] (float4 slot f =
-// columns 4f..4f+3), then emit(f, ok, v) receives each final slot. emit is called by all
+// Builds x (per XSpec) for the block: raw values past the ones a thread holds in
+// registers go to raw[xs_pos(f)] (float4 slot f = columns 4f..4f+3), then emit(f, ok, v)
+// receives each final slot. emit is called by all
 // threads the same number of times (ok = false past the end), so it may shuffle within
 // aligned groups of up to 32 consecutive slots. Ends with a barrier.
 // A thread's first kHeld slots are loaded together with their norm weights and kept in
@@ -221,12 +222,10 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
     return v;
   };
   auto norm_w = [&](int f) { return rms ? reinterpret_cast<const float4*>(X.w)[f] : make_float4(1.f, 1.f, 1.f, 1.f); };
-  auto keep = [&](int f, float4 v, float& ss) {
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    raw[xs_pos(f)] = v;
-  };
+  auto square_sum = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
 
-  // Pass A: raw values (and sums of squares), all loads of the held slots first.
+  // Pass A: raw values (and sums of squares), all loads of the held slots first; only the
+  // slots past them go through shared memory (raw).
   float4 held_v[kHeld], held_w[kHeld];
 #pragma unroll
   for (int i = 0; i < kHeld; ++i) {
@@ -239,8 +238,12 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
   float ss = 0.0f;
 #pragma unroll
   for (int i = 0; i < kHeld; ++i)
-    if (tid + i * nt < n4) keep(tid + i * nt, held_v[i], ss);
-  for (int f = tid + kHeld * nt; f < n4; f += nt) keep(f, raw_value(f), ss);
+    if (tid + i * nt < n4) ss += square_sum(held_v[i]);
+  for (int f = tid + kHeld * nt; f < n4; f += nt) {
+    const float4 v = raw_value(f);
+    ss += square_sum(v);
+    raw[xs_pos(f)] = v;
+  }
 
   float inv = 1.0f;
   if (rms) inv = rsqrtf(block_sum(ss, scratch) / cols + X.eps);
