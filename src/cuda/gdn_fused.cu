@@ -114,16 +114,11 @@ __global__ void __launch_bounds__(kThreads) gdn_fused_kernel(QMat W, XSpec X, Gd
     float y0 = 0.0f, y1 = 0.0f;
     cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
     if (it == 0) timeline_mark(1);
-    float (*rd)[16] = red[half][it & 1];
-    if ((lane & 3) == 0) {
-      rd[hw][lane >> 2] = y0;
-      rd[hw][(lane >> 2) + 8] = y1;
-    }
+    put_rows16(red[half][it & 1], y0, y1, hw);
     half_sync(half);
     const int r = t % (kHalfWarps * 32);
     if (r < 16) {
-      float y = 0.0f;
-      for (int w = 0; w < kHalfWarps; ++w) y += rd[w][r];  // warp order: deterministic
+      const float y = row_total(red[half][it & 1], r, kHalfWarps);
       const int sl = hr.slot(hr.block(e) * 16 + r);
       if (sl >= 0)
         for (int d = 0; d < C; ++d) cluster.map_shared_rank(local, d)[sl] = y;
