@@ -175,12 +175,8 @@ struct FusedLaunch {
 };
 
 FusedLaunch fused_launch(const QMat& W, const GdnArgs& g) {
-  const int G = W.cols / 64, gpw = (G + kHalfWarps - 1) / kHalfWarps;
-  FusedLaunch f{gpw <= 1   ? gdn_fused_kernel<1>
-                : gpw <= 2 ? gdn_fused_kernel<2>
-                : gpw <= 4 ? gdn_fused_kernel<4>
-                           : gdn_fused_kernel<8>,
-                0, 0};
+  FusedLaunch f{};
+  with_groups_per_warp(W.cols, kHalfWarps, "gdn_fused", [&](auto gpw) { f.kernel = gdn_fused_kernel<gpw>; });
   const int R = g.Hv / g.Hk;
   f.cluster = R * kGdnSplit;  // <= 16: the size max_cluster_size allows above 8
   f.smem = stage_mma_bytes(W.cols) + static_cast<size_t>(2 * g.Dk + 2 * R * g.Dv + 2 * R) * 4;

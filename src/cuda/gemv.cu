@@ -133,12 +133,7 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
   if (W.tiled) {
-    const int gpw = (W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) launch_gemv_mma<1>(W, X, Y, halt, stream);
-    else if (gpw <= 2) launch_gemv_mma<2>(W, X, Y, halt, stream);
-    else if (gpw <= 4) launch_gemv_mma<4>(W, X, Y, halt, stream);
-    else if (gpw <= 8) launch_gemv_mma<8>(W, X, Y, halt, stream);
-    else fail("gemv: tiled weights with more than 4096 columns are not supported");
+    with_groups_per_warp(W.cols, kWarps, "gemv", [&](auto gpw) { launch_gemv_mma<gpw>(W, X, Y, halt, stream); });
   } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
   else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);
   else fail("gemv: ", std::to_string(W.bits), "-bit weights are not supported (4 or 8)");

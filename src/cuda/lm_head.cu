@@ -167,12 +167,7 @@ int lm_head_max_blocks() { return 1024; }
 void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   if (a.W.cols % 32 != 0) fail("lm_head: hidden size must be a multiple of 32");
   if (a.compute && a.W.tiled) {
-    const int gpw = (a.W.cols / 64 + kWarps - 1) / kWarps;
-    if (gpw <= 1) launch_head_mma<1>(a, halt, stream);
-    else if (gpw <= 2) launch_head_mma<2>(a, halt, stream);
-    else if (gpw <= 4) launch_head_mma<4>(a, halt, stream);
-    else if (gpw <= 8) launch_head_mma<8>(a, halt, stream);
-    else fail("lm_head: tiled weights with more than 4096 columns are not supported");
+    with_groups_per_warp(a.W.cols, kWarps, "lm_head", [&](auto gpw) { launch_head_mma<gpw>(a, halt, stream); });
   } else if (a.W.bits == 4 || !a.compute) launch_head<4>(a, halt, stream);
   else if (a.W.bits == 8) launch_head<8>(a, halt, stream);
   else fail("lm_head: ", std::to_string(a.W.bits), "-bit weights are not supported");

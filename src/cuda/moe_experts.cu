@@ -4,7 +4,6 @@
 #include "qmma.cuh"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace lily::cuda {
 namespace {
@@ -239,17 +238,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   decode_trigger();
 }
 
-// f(std::integral_constant<int, GPW>{}) for the tensor-core kernels' groups per warp over H.
-template <class F>
-void with_groups_per_warp(int H, const char* op, F f) {
-  const int gpw = (H / 64 + kWarps - 1) / kWarps;
-  if (gpw <= 1) f(std::integral_constant<int, 1>{});
-  else if (gpw <= 2) f(std::integral_constant<int, 2>{});
-  else if (gpw <= 4) f(std::integral_constant<int, 4>{});
-  else if (gpw <= 8) f(std::integral_constant<int, 8>{});
-  else fail(op, ": hidden size above 4096 is not supported with tiled weights");
-}
-
 void check_shapes(const MoeExperts& m, int k) {
   const int cpc = 128 / m.down.bits;
   if (k < 1 || k > 16) fail("moe: top_k must be in [1, 16]");
@@ -300,7 +288,7 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
   if (tiled(m)) {
     const int H = m.gate_up.cols, tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
     const int grid = std::min(tasks, 2 * sm_count());
-    with_groups_per_warp(H, "moe_gate_up", [&](auto gpw) {
+    with_groups_per_warp(H, kWarps, "moe_gate_up", [&](auto gpw) {
       launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H),
              stream, m, X, ids, top_k, act, halt);
     });

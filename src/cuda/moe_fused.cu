@@ -234,17 +234,13 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
   if (fused_smem_bytes(H, cols3, E) > kMaxSmem)
     fail("moe_fused: ", std::to_string(fused_smem_bytes(H, cols3, E)), " bytes of shared memory needed, more than ",
          std::to_string(kMaxSmem));
-  const int gpw = (H / 64 + kWarps - 1) / kWarps, du = (cols3 / 64 + kWarps - 1) / kWarps;
+  const int du = (cols3 / 64 + kWarps - 1) / kWarps;
   if (du > 10) fail("moe_fused: more than 80 (slot, group) pairs in the down projection are not supported");
-  // GPW must be moe_gate_up's choice (it sets which warp sums which groups: same order).
-#define LILY_FUSED(N)                                                                                    \
-  (du <= 2 ? launch_fused<N, 2>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream)           \
-           : launch_fused<N, 10>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream))
-  if (gpw <= 1) LILY_FUSED(1);
-  else if (gpw <= 2) LILY_FUSED(2);
-  else if (gpw <= 4) LILY_FUSED(4);
-  else LILY_FUSED(8);
-#undef LILY_FUSED
+  // GPW is moe_gate_up's choice (it sets which warp sums which groups: the same order).
+  with_groups_per_warp(H, kWarps, "moe_fused", [&](auto gpw) {
+    if (du <= 2) launch_fused<gpw, 2>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+    else launch_fused<gpw, 10>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+  });
 }
 
 }  // namespace lily::cuda

@@ -12,6 +12,7 @@
 //   y[r] += s * (C - 128 * sum(x)) + b * sum(x).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "gemv_core.cuh"
 
@@ -98,6 +99,19 @@ __device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* x
     }
     if ((f & 15) == 0) xsum[g] = sum;
   });
+}
+
+// f(std::integral_constant<int, GPW>{}) for the groups per warp GPW in {1, 2, 4, 8} with
+// which `warps` warps cover the cols / 64 groups of a row block (the kernels' template
+// argument; it also fixes which warp sums which groups, i.e. the order of summation).
+template <class F>
+void with_groups_per_warp(int cols, int warps, const char* op, F f) {
+  const int gpw = (cols / 64 + warps - 1) / warps;
+  if (gpw <= 1) f(std::integral_constant<int, 1>{});
+  else if (gpw <= 2) f(std::integral_constant<int, 2>{});
+  else if (gpw <= 4) f(std::integral_constant<int, 4>{});
+  else if (gpw <= 8) f(std::integral_constant<int, 8>{});
+  else fail(op, ": tiled weights with more than ", std::to_string(8 * 64 * warps), " columns are not supported");
 }
 
 // A warp's tiles of one 16-row block: groups g0 .. g0+N-1 (those < G), one 16-byte
