@@ -201,11 +201,13 @@ np.save(out, np.stack([engine.forward(session, ids[i:i + 1]) for i in range(40, 
 """
 
 
-def test_decode_is_the_same_without_pdl(tmp_path):
+@pytest.mark.parametrize("route", [{}, {"LILY_CUDA_GDN_FUSED": "1"}, {"LILY_CUDA_MOE_FUSED": "1"}])
+def test_decode_is_the_same_without_pdl(tmp_path, route):
     """The decode kernels read before their PDL wait whatever the kernel launched just
     before them does not write (docs/cuda.md); without PDL nothing overlaps. Every decode
     kernel is deterministic, so 48 single-token steps (the decode step's graphs) at
-    Qwen3.6-35B-A3B's widths give the same logits bit for bit either way. LILY_CUDA_PDL is
+    Qwen3.6-35B-A3B's widths give the same logits bit for bit either way, on the default
+    route and on each one-launch alternative (their neighbours change). LILY_CUDA_PDL is
     read once per process, hence the two processes."""
     config = config_at_35b_widths()
     path = tmp_path / "config.json"
@@ -213,7 +215,7 @@ def test_decode_is_the_same_without_pdl(tmp_path):
     logits = []
     for pdl in ("1", "0"):
         out = tmp_path / f"pdl{pdl}.npy"
-        env = {**os.environ, "LILY_CUDA_PDL": pdl}
+        env = {**os.environ, **route, "LILY_CUDA_PDL": pdl}
         subprocess.run([sys.executable, "-c", DECODE_LOGITS, str(path), str(out)], env=env, check=True)
         logits.append(np.load(out))
     assert logits[0].shape == (48, config["vocab_size"]) and np.isfinite(logits[0]).all()

@@ -19,15 +19,14 @@ from lily import synthetic
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ops" / "decode_timeline.py"
 
 
-STAMP = np.dtype([("start", "<u8"), ("released", "<u8"), ("done", "<u8"), ("grid", "<u4"), ("threads", "<u4"),
-                  ("block", "<u4"), ("pad", "<u4")])
-
-
 def load_script():
     spec = importlib.util.spec_from_file_location("decode_timeline", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+STAMP = load_script().STAMP  # BlockStamp (decode_ctl.h) as the script reads it
 
 
 def write_timeline(path: Path, early_wait_ns: int, marks: bool, blocks: Path | None = None,

@@ -209,18 +209,8 @@ void gdn_fused_decode(const QMat& W_in, const XSpec& X, const GdnArgs& g, const 
 int gdn_fused_max_active_clusters(const QMat& W_in, const GdnArgs& g) {
   if (!gdn_fused_supported(W_in, g)) fail("gdn_fused: unsupported shape (gdn_fused.h lists what it takes)");
   const FusedLaunch f = fused_launch(W_in, g);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(f.cluster, g.Hk);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = f.smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {static_cast<unsigned>(f.cluster), 1, 1};
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  check(cudaOccupancyMaxActiveClusters(&n, f.kernel, &cfg), "gdn_fused: active clusters");
-  return n;
+  return max_active_clusters(reinterpret_cast<const void*>(f.kernel), dim3(f.cluster, g.Hk), kThreads, f.smem, f.cluster,
+                             "gdn_fused");
 }
 
 }  // namespace lily::cuda

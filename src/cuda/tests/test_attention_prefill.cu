@@ -20,7 +20,6 @@ struct Shape {
   int Hq, Hkv, D;
 };
 
-double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
 
 // f(0 .. n-1) on every host core: the long-context reference is ~20 GFLOP.
 template <typename F>

@@ -18,8 +18,6 @@
 namespace lily::cuda::test {
 namespace {
 
-double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
-double silu(double v) { return v * sigmoid(v); }
 
 struct Shape {
   int Hk, Hv, Dk, Dv;
@@ -41,19 +39,6 @@ Weights random_weights(const Shape& sh, Rng& r) {
     w.neg_A[h] = static_cast<float>(h % 4 == 3 ? -1e4 : h % 2 ? -0.01 * (1 + r.uniform()) : -(1 + 15 * r.uniform()));
   for (float& v : w.norm_w) v += 1.0f;
   return w;
-}
-
-// The gated RMSNorm of one token's o [Hv][Dv] (fp64): o * rsqrt(mean(o^2) + eps) * w * silu(z) per head.
-template <typename T>
-std::vector<double> gated_norm(const T* o, const float* z, int Hv, int Dv, const std::vector<float>& w) {
-  std::vector<double> x(static_cast<size_t>(Hv) * Dv);
-  for (int h = 0; h < Hv; ++h) {
-    double ss = 0;
-    for (int d = 0; d < Dv; ++d) ss += double(o[h * Dv + d]) * o[h * Dv + d];
-    const double inv = 1 / std::sqrt(ss / Dv + 1e-6);
-    for (int d = 0; d < Dv; ++d) x[h * Dv + d] = o[h * Dv + d] * inv * w[d] * silu(z[h * Dv + d]);
-  }
-  return x;
 }
 
 // The reference: gdn_decode's maths in fp64, one token at a time.

@@ -11,7 +11,6 @@
 namespace lily::cuda::test {
 namespace {
 
-double silu(double v) { return v / (1 + std::exp(-v)); }
 
 std::vector<double> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, double eps) {
   double ss = 0;

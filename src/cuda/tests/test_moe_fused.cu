@@ -4,7 +4,6 @@
 // Also: chains of launches captured in a graph and replayed (the barrier must be valid
 // at every launch without a reset), halt, and the last layer's pos_inc.
 #include <algorithm>
-#include <cstring>
 
 #include "moe_experts.h"
 #include "moe_fused.h"

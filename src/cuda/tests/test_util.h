@@ -168,4 +168,20 @@ inline void expect(const std::string& name, bool ok) {
 
 inline double bf16r(double v) { return round_bf16(static_cast<float>(v)); }
 
+inline double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+inline double silu(double v) { return v * sigmoid(v); }
+
+// The gated RMSNorm of one token's o [Hv][Dv] (fp64): o * rsqrt(mean(o^2) + eps) * w * silu(z) per head.
+template <typename T>
+std::vector<double> gated_norm(const T* o, const float* z, int Hv, int Dv, const std::vector<float>& w) {
+  std::vector<double> x(static_cast<size_t>(Hv) * Dv);
+  for (int h = 0; h < Hv; ++h) {
+    double ss = 0;
+    for (int d = 0; d < Dv; ++d) ss += double(o[h * Dv + d]) * o[h * Dv + d];
+    const double inv = 1 / std::sqrt(ss / Dv + 1e-6);
+    for (int d = 0; d < Dv; ++d) x[h * Dv + d] = o[h * Dv + d] * inv * w[d] * silu(z[h * Dv + d]);
+  }
+  return x;
+}
+
 }  // namespace lily::cuda::test
