@@ -144,11 +144,11 @@ def test_prefill_ablations_are_bit_identical(model_path, monkeypatch, env):
 @pytest.mark.parametrize("env", [{"LILY_PREFILL_GEMM": "exact"}, {"LILY_PREFILL_GEMM": "bf16w"},
                                  {"LILY_PREFILL_GEMM": "wgmma"}, {"LILY_PREFILL_ATTN": "mma"},
                                  {"LILY_PREFILL_GDN": "scan"}, {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0},
-                                 {"LILY_CUDA_MOE_FUSED": 1}, {"LILY_CUDA_GDN_FUSED": 1}])
+                                 {"LILY_CUDA_MOE_FUSED": 1}])
 def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
     """Each switchable route (the exact-fold GEMM, bf16 weights on mma.sync only, every GEMM
     on wgmma, the mma.sync flash attention, the sequential scan, the chunked form at every
-    length, the SIMT decode attention, the one-launch MoE, the one-launch GDN mixer) against the CPU reference,
+    length, the SIMT decode attention, the one-launch MoE) against the CPU reference,
     prefill and then greedy decode."""
     cpu = _lily.Engine(model_path, "cpu")
     gpu = engine_with(model_path, monkeypatch, **env)
@@ -201,7 +201,7 @@ np.save(out, np.stack([engine.forward(session, ids[i:i + 1]) for i in range(40, 
 """
 
 
-@pytest.mark.parametrize("route", [{}, {"LILY_CUDA_GDN_FUSED": "1"}, {"LILY_CUDA_MOE_FUSED": "1"}])
+@pytest.mark.parametrize("route", [{}, {"LILY_CUDA_MOE_FUSED": "1"}])
 def test_decode_is_the_same_without_pdl(tmp_path, route):
     """The decode kernels read before their PDL wait whatever the kernel launched just
     before them does not write (docs/cuda.md); without PDL nothing overlaps. Every decode

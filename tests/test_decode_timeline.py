@@ -29,23 +29,20 @@ def load_script():
 STAMP = load_script().STAMP  # BlockStamp (decode_ctl.h) as the script reads it
 
 
-def write_timeline(path: Path, early_wait_ns: int, marks: bool, blocks: Path | None = None,
-                   gdn_fused: bool = False) -> list[tuple[int, float]]:
+def write_timeline(path: Path, early_wait_ns: int, marks: bool, blocks: Path | None = None) -> list[tuple[int, float]]:
     """A run of known kernels; returns one step's (grid, µs). Each kernel but a graph's
     first starts early_wait_ns before its release, in its predecessor's tail (0: when its
     predecessor ends).
     With marks, block 0 passes step j at released + 0.5 (j + 1) µs and ends 0.7 µs before
     the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end. With blocks,
     every block b (in shuffled order) is stamped 2b ns after block 0 and triggers at
-    2b ns past (0.7 µs + 2 (grid - 1) ns) before the next release. With gdn_fused, GDN
-    layers after the first run their mixer as one kernel (grid 128 x 8.0 µs)."""
+    2b ns past (0.7 µs + 2 (grid - 1) ns) before the next release."""
     config = synthetic.config_35b()
     gdn = [(4, 1.0), (128, 2.0), (132, 3.0), (33, 4.0), (264, 5.0), (128, 6.0)]  # (grid, µs)
     attn = [(4, 1.5), (64, 7.0), (16, 0.5), (128, 3.5), (33, 4.0), (264, 5.0), (128, 6.0)]
-    fused = [(128, 8.0)] + gdn[2:]
     step = []
-    for i, kind in enumerate(config["layer_types"]):
-        step += attn if kind == "full_attention" else fused if gdn_fused and i > 0 else gdn
+    for kind in config["layer_types"]:
+        step += attn if kind == "full_attention" else gdn
     step += [(1024, 100.0)]
     kernels = [(2, 50.0), (1024, 100.0)] + step * 12 + step[:37]  # a Choose graph first, a partial last step
     t, lines, stamps = 1_000_000, [], []
@@ -85,17 +82,6 @@ def test_timeline_costs_per_kernel(tmp_path, early_wait_ns):
     rows = {r["kernel"]: r for r in got["rows"]}
     assert np.isclose(rows["gdn_decode"]["median_us"], 2.0) and rows["gdn_decode"]["per_step"] == 30
     assert np.isclose(rows["attention"]["median_us"], 7.0) and rows["attention"]["per_step"] == 10
-    assert np.isclose(rows["router"]["step_us"], 40 * 4.0)
-    assert np.isclose(rows["head 0"]["median_us"], 100.0)
-
-
-def test_timeline_names_the_fused_gdn_mixer(tmp_path):
-    step = write_timeline(tmp_path / "tl.txt", 3_000, marks=False, gdn_fused=True)
-    got, _ = run_script(tmp_path / "tl.txt")
-    assert got["kernels_per_step"] == len(step) == 222
-    rows = {r["kernel"]: r for r in got["rows"]}
-    assert np.isclose(rows["gdn_fused"]["median_us"], 8.0) and rows["gdn_fused"]["per_step"] == 29
-    assert rows["gdn_decode"]["per_step"] == 1 and rows["in-proj (GDN)"]["per_step"] == 1  # layer 0
     assert np.isclose(rows["router"]["step_us"], 40 * 4.0)
     assert np.isclose(rows["head 0"]["median_us"], 100.0)
 

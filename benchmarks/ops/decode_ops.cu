@@ -4,7 +4,6 @@
 #include "attention_decode.h"
 #include "bench.h"
 #include "gdn_decode.h"
-#include "gdn_fused.h"
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
@@ -134,21 +133,6 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const GdnArgs a = gdn_args(A);
                    return [=](cudaStream_t s) { gdn_decode(a, nullptr, s); };
                  }});
-  // The mixer both ways: in-projection then gdn_decode, and gdn_fused (one launch, proj stays on chip).
-  const double in_bytes = qbytes(kGdnRows, kH, 4) + 2 * kH * 4.0;
-  for (const bool fused : {false, true})
-    ops.push_back({fused ? "gdn mixer: in_proj + gdn step (gdn_fused, 1 launch)" : "gdn mixer: in_proj, gdn_decode (2 launches)",
-                   dims(kGdnRows, kH) + " + 32 heads", in_bytes + gdn_bytes + (fused ? 0.0 : 2 * kGdnRows * 4.0),
-                   2.0 * kGdnRows * kH + gdn_flops, [=](Arena& A) -> Launch {
-                     const GdnArgs a = gdn_args(A);
-                     const XSpec X = rmsnorm_of(A, A.normal(kH));
-                     const QMat W = A.qmat(kGdnRows, kH, 4, true);
-                     if (fused) return [=](cudaStream_t s) { gdn_fused_decode(W, X, a, nullptr, s); };
-                     return [=](cudaStream_t s) {
-                       gemv(W, X, {YMode::Store, const_cast<float*>(a.proj)}, nullptr, s);
-                       gdn_decode(a, nullptr, s);
-                     };
-                   }});
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, false);
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, true);
 
@@ -181,20 +165,6 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const float* shared_gate = A.upload(std::vector<float>{0.4f});
                    float* h = A.normal(kH);
                    return [=](cudaStream_t s) { moe_down(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s); };
-                 }});
-  ops.push_back({"moe experts: gate_up, down (2 launches)", "E 256, top-8, I 512", gate_up_w + down_w + act_bytes + 3 * kH * 4.0,
-                 2.0 * (kTopK + 1) * 3 * kI * kH, [](Arena& A) -> Launch {
-                   const MoeExperts m = experts(A);
-                   float* h = A.normal(kH);
-                   const XSpec X = rmsnorm_of(A, h);
-                   const int* ids = routed_ids(A);
-                   const float* w = routed_weights(A);
-                   const float* shared_gate = A.upload(std::vector<float>{0.4f});
-                   float* act = A.normal(kTopK * kI + kIs);
-                   return [=](cudaStream_t s) {
-                     moe_gate_up(m, X, ids, kTopK, act, nullptr, s);
-                     moe_down(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s);
-                   };
                  }});
   ops.push_back({"moe block: router, gate_up, down (3 launches)", "E 256, top-8, I 512",
                  qbytes(kE + 1, kH, 8) + gate_up_w + down_w + 3 * kH * 4.0,

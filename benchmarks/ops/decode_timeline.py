@@ -26,7 +26,6 @@ import numpy as np
 from lily import synthetic
 
 GDN_LAYER = ["in-proj (GDN)", "gdn_decode", "out-proj (GDN)", "router", "gate/up", "down"]
-GDN_FUSED_LAYER = ["gdn_fused", "out-proj (GDN)", "router", "gate/up", "down"]  # LILY_CUDA_GDN_FUSED=1, layers 1+
 ATTN_LAYER = ["in-proj (attn)", "attention", "attention merge", "out-proj (attn)", "router", "gate/up", "down"]
 
 
@@ -75,18 +74,12 @@ def period(sig: list[tuple[int, int]]) -> int:
 
 def step_names(config: dict, k: int) -> list[str]:
     """The names of a step's k kernels: the layers', then the head's one or two (lm_head,
-    sampler). With LILY_CUDA_GDN_FUSED=1 every GDN layer but layer 0 (whose x is the
-    embedding) is one launch shorter; the layout that leaves one or two head kernels is
-    the one that ran."""
-    for fused in (False, True):
-        body = []
-        for i, kind in enumerate(config["layer_types"]):
-            if kind == "full_attention":
-                body += ATTN_LAYER
-            else:
-                body += GDN_FUSED_LAYER if fused and i > 0 else GDN_LAYER
-        if 1 <= k - len(body) <= 2:
-            return body + [f"head {j}" for j in range(k - len(body))]
+    sampler)."""
+    body = []
+    for kind in config["layer_types"]:
+        body += ATTN_LAYER if kind == "full_attention" else GDN_LAYER
+    if 1 <= k - len(body) <= 2:
+        return body + [f"head {j}" for j in range(k - len(body))]
     return [f"kernel {i}" for i in range(k)]
 
 

@@ -5,7 +5,6 @@
 #include "attention_decode.h"
 #include "env.h"
 #include "gdn_decode.h"
-#include "gdn_fused.h"
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
@@ -35,7 +34,6 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   shared_gate = alloc<float>(1, "workspace shared gate");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
-  gdn_fused = env_flag("LILY_CUDA_GDN_FUSED", false);
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
   min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
@@ -94,12 +92,8 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       g.Dk = c.linear_key_head_dim;
       g.Dv = c.linear_value_head_dim;
       g.eps = eps;
-      if (ws.gdn_fused && xin.mode != XMode::EmbedRmsNorm) {  // layer 0: see gdn_fused.h
-        gdn_fused_decode(L.gdn_in, xin, g, halt, stream);
-      } else {
-        gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
-        gdn_decode(g, halt, stream);
-      }
+      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
+      gdn_decode(g, halt, stream);
       XSpec xo;
       xo.x = ws.mix;
       gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream);

@@ -35,7 +35,6 @@ class Workspace {
   unsigned* head_counter = nullptr;
   unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
   bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
-  bool gdn_fused = false;        // LILY_CUDA_GDN_FUSED=1: in-projection + GDN step in one launch (gdn_fused.h)
   bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;

@@ -43,21 +43,6 @@ int max_cluster_size(const void* kernel, int threads, size_t smem, int want, con
   return found[key] = std::max(1, std::min(size, want));
 }
 
-int max_active_clusters(const void* kernel, dim3 grid, int threads, size_t smem, int cluster, const char* op) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  check(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), op);
-  return n;
-}
-
 int sm_count() {
   static thread_local int cached_device = -1, cached = 0;
   int dev = 0;

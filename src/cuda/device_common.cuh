@@ -194,9 +194,6 @@ void launch(const char* op, void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
 // memory; at least 1. Cached per device, kernel, block size, memory and want.
 int max_cluster_size(const void* kernel, int threads, size_t smem, int want, const char* op);
 
-// How many clusters of `cluster` blocks (along x) of this launch the device holds at once.
-int max_active_clusters(const void* kernel, dim3 grid, int threads, size_t smem, int cluster, const char* op);
-
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();
 

@@ -1,4 +1,4 @@
-// Pieces of one Gated DeltaNet decode step shared by gdn_decode and gdn_fused.
+// Pieces of one Gated DeltaNet decode step (gdn_decode.cu).
 #pragma once
 #include <cooperative_groups.h>
 

@@ -6,7 +6,6 @@
 
 #include "attention_decode.h"
 #include "gdn_decode.h"
-#include "gdn_fused.h"
 #include "gemv.h"
 #include "test_util.h"
 
@@ -95,78 +94,6 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
   report("  final recurrent state", rel_err(got, Sref), 1e-4);
   cudaFree(const_cast<float*>(a.conv_w)), cudaFree(const_cast<float*>(a.norm_w)), cudaFree(const_cast<float*>(a.dt_bias)), cudaFree(const_cast<float*>(a.neg_A));
   cudaFree(a.ring), cudaFree(state[0]), cudaFree(state[1]), cudaFree(proj), cudaFree(a.out), cudaFree(pos);
-}
-
-std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
-// The one-launch GDN mixer (gdn_fused: in-projection + gdn_decode's step) against the two
-// launches it replaces, over `steps` tokens of random h, each path with its own ring and
-// state. The projections agree bit for bit, the rest up to the recurrence's order of
-// summation (16 lanes per column instead of 4). A halted launch writes nothing.
-void test_gdn_fused(int H, int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
-  Rng r(seed);
-  const int conv_dim = 2 * Hk * Dk + Hv * Dv, n_proj = conv_dim + Hv * Dv + 2 * Hv, vd = Hv * Dv;
-  QMat W = upload_q_tiled(make_q(n_proj, H, 4, 64, r, false));
-  const auto conv_w = randn(conv_dim * 4, r, 0.5), dt_bias = randn(Hv, r, 0.5);
-  std::vector<float> neg_a(Hv), norm_w = randn(Dv, r, 0.2), h_w = randn(H, r, 0.2);
-  for (float& v : neg_a) v = static_cast<float>(-std::exp(std::log(1 + 15 * r.uniform())));
-  for (float& v : norm_w) v += 1.0f;
-  for (float& v : h_w) v += 1.0f;
-  GdnArgs a;
-  a.conv_w = to_dev(conv_w), a.dt_bias = to_dev(dt_bias), a.neg_A = to_dev(neg_a), a.norm_w = to_dev(norm_w);
-  int* pos = dev_alloc<int>(1);
-  a.pos = pos;
-  a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv;
-  const size_t S = static_cast<size_t>(Hv) * Dk * Dv;
-  struct Path {
-    float *ring, *state[2], *out;
-  } paths[2];
-  for (Path& p : paths) p = {dev_alloc<float>(4 * conv_dim, false), {dev_alloc<float>(S, false), dev_alloc<float>(S)}, dev_alloc<float>(vd)};
-  float* proj = dev_alloc<float>(n_proj);
-  float* h = dev_alloc<float>(H);
-  XSpec X;
-  X.mode = XMode::RmsNorm;
-  X.x = h;
-  X.w = to_dev(h_w);
-  auto args = [&](const Path& p, int t) {
-    GdnArgs g = a;
-    g.ring = p.ring, g.state_in = p.state[t & 1], g.state_out = p.state[(t + 1) & 1], g.out = p.out, g.proj = proj;
-    return g;
-  };
-  double worst = 0;
-  for (int t = 0; t < steps; ++t) {
-    const auto hv = randn(H, r, 2.0);
-    CK(cudaMemcpy(h, hv.data(), H * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pos, &t, 4, cudaMemcpyHostToDevice));
-    gdn_fused_decode(W, X, args(paths[0], t), nullptr, 0);
-    gemv(W, X, {YMode::Store, proj}, nullptr, 0);
-    gdn_decode(args(paths[1], t), nullptr, 0);
-    CK(cudaGetLastError());
-    worst = std::max(worst, rel_err(from_dev(paths[0].out, vd), widen(from_dev(paths[1].out, vd))));
-  }
-  char name[160];
-  std::snprintf(name, sizeof name, "gdn fused H%d Hk%d Hv%d Dk%d Dv%d, %d steps: output vs in-projection + gdn_decode", H,
-                Hk, Hv, Dk, Dv, steps);
-  report(name, worst, 1e-4);
-  std::printf("  (%d clusters held at once, %d needed)\n", gdn_fused_max_active_clusters(W, a), Hk);
-  report("  final recurrent state", rel_err(from_dev(paths[0].state[steps & 1], S), widen(from_dev(paths[1].state[steps & 1], S))),
-         1e-4);
-  const auto ring = from_dev(paths[0].ring, 4 * conv_dim);
-  // The in-projection phase splits the columns over its 8-warp halves as gemv's blocks do
-  // and sums the warps in the same order: its rows, kept in the ring, are bit-identical.
-  report("  conv ring (exact)", rel_err(ring, widen(from_dev(paths[1].ring, 4 * conv_dim))), 0);
-
-  int* halt = to_dev(std::vector<int>{1});
-  CK(cudaMemset(paths[0].out, 0xFF, vd * 4));
-  gdn_fused_decode(W, X, args(paths[0], steps), halt, 0);
-  const auto out = from_dev(paths[0].out, vd);
-  expect("  halted: no output, the ring untouched", std::all_of(out.begin(), out.end(), [](float v) { return std::isnan(v); }) &&
-                                                         from_dev(paths[0].ring, 4 * conv_dim) == ring);
-  free_q(W);
-  cudaFree(const_cast<float*>(a.conv_w)), cudaFree(const_cast<float*>(a.dt_bias)), cudaFree(const_cast<float*>(a.neg_A));
-  cudaFree(const_cast<float*>(a.norm_w)), cudaFree(const_cast<float*>(X.w));
-  for (Path& p : paths) cudaFree(p.ring), cudaFree(p.state[0]), cudaFree(p.state[1]), cudaFree(p.out);
-  cudaFree(proj), cudaFree(h), cudaFree(pos), cudaFree(halt);
 }
 
 // q/k reference: RMSNorm * w, then rotate-half RoPE on the first rot dims (fp32 angle).
@@ -301,11 +228,6 @@ void run_sequence_tests(bool long_context) {
   test_gdn(2, 4, 32, 32, 600, 21);     // synthetic tiny
   test_gdn(2, 4, 64, 64, 300, 22);     // lily-tiny
   test_gdn(16, 32, 128, 128, 520, 23);  // Qwen3.6-35B-A3B
-  test_gdn_fused(128, 2, 4, 32, 32, 200, 24);      // synthetic tiny: b and a rows in one 16-row block
-  test_gdn_fused(256, 2, 4, 64, 64, 100, 25);      // lily-tiny
-  test_gdn_fused(192, 4, 4, 64, 64, 100, 26);      // one value head per key head: clusters of 4, 3 column groups
-  test_gdn_fused(320, 2, 8, 32, 32, 100, 27);      // four per key head: clusters of 16
-  test_gdn_fused(2048, 16, 32, 128, 128, 60, 28);  // Qwen3.6-35B-A3B
   test_attention({4, 2, 64, 8, 4}, 200, 0, 31);     // split from 5 keys on, G = 2
   test_attention({16, 2, 256, 8, 16}, 300, 0, 32);  // 35B heads, splits from 17 keys
   test_attention({16, 2, 256, 64, 64}, 300, 0, 33);  // 35B routing: one block up to 64 keys
