@@ -1,6 +1,7 @@
 // Device helpers shared by the kernels: programmatic dependent launch (PDL), warp
 // reductions, bf16 unpacking, streaming loads, and the launcher every op uses.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -136,11 +137,8 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 __device__ __forceinline__ float bf16_lo(uint32_t p) { return __uint_as_float(p << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t p) { return __uint_as_float(p & 0xffff0000u); }
 __device__ __forceinline__ float bf16_bits(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
-__device__ __forceinline__ uint16_t to_bf16_bits(float f) {  // round to nearest even
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+__device__ __forceinline__ uint16_t to_bf16_bits(float f) {  // round to nearest even (one cvt.rn.bf16.f32)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
 // Weights are read once per token: bypass L1 so they do not evict activations.
