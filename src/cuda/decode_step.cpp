@@ -28,7 +28,7 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   h = alloc<float>(H, "workspace h");
   proj = alloc<float>(std::max(gdn_rows, attn_rows), "workspace projections");
   mix = alloc<float>(std::max<size_t>(c.gdn_value_dim(), c.attn_q_dim()), "workspace mixer output");
-  router_logits = alloc<float>(c.num_experts + 1, "workspace router logits");
+  router_logits = alloc<float>(c.num_experts + 1, "workspace router logits (moe_fused)");
   ids = alloc<int>(c.num_experts_per_tok, "workspace expert ids");
   route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
   shared_gate = alloc<float>(1, "workspace shared gate");
@@ -139,7 +139,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
                 last ? s.pos : nullptr, halt, stream);
     } else {
       moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-                 {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate}, halt, stream);
+                 {nullptr, ws.ids, ws.route_w, ws.shared_gate}, halt, stream);
       moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
       moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
     }

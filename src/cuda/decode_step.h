@@ -28,8 +28,9 @@ struct SessionState {
 class Workspace {
  public:
   explicit Workspace(const ModelConfig& c);
-  float *h = nullptr, *proj = nullptr, *mix = nullptr, *router_logits = nullptr, *route_w = nullptr,
-        *shared_gate = nullptr, *act = nullptr, *attn_partial = nullptr;
+  float *h = nullptr, *proj = nullptr, *mix = nullptr, *route_w = nullptr, *shared_gate = nullptr, *act = nullptr,
+        *attn_partial = nullptr;
+  float* router_logits = nullptr;  // moe_fused's phase 1 -> 2 (moe_router keeps its logits in shared memory)
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
   unsigned* head_counter = nullptr;

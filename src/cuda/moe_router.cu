@@ -12,7 +12,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kMaxCluster = 16;  // the largest cluster Hopper places (non-portable above 8)
 // One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up); 544 threads
 // leave the row walk its ~120 registers.
 constexpr int kMaxWarps = 17;
@@ -53,18 +52,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   timeline_mark(1);
   if (rank != 0) return;
   if (warp == 0) route_topk(logits, E, k, norm_topk != 0, p, out.ids, out.weights, out.shared_gate);
-  for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
+  if (out.logits)
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
 }
 
 template <int BITS>
 void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, const RouterOut& out, const int* halt,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int max_cluster) {
   const size_t smem = (2 * E + 4) / 4 * 16 + stage_bytes<BITS>(W.cols);
   if (smem > 48 * 1024) fail("moe_router: hidden size or expert count too large");
   const int chunks = W.chunks();
   auto kernel = chunks <= 32 ? router_kernel<BITS, 1> : chunks <= 64 ? router_kernel<BITS, 2> : router_kernel<BITS, 4>;
   const int threads = kMaxWarps * 32;  // sized below; the cluster size is queried at the largest block
-  const int cluster = max_cluster_size(reinterpret_cast<const void*>(kernel), threads, smem, kMaxCluster, "moe_router");
+  const int cluster = max_cluster_size(reinterpret_cast<const void*>(kernel), threads, smem, max_cluster, "moe_router");
   const int warps = std::min(kMaxWarps, (W.rows + cluster - 1) / cluster);
   launch_clustered("moe_router", cluster, kernel, dim3(cluster), dim3(warps * 32), smem, stream, W, X, E, k,
                    int(norm_topk), out, halt);
@@ -73,12 +73,14 @@ void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, 
 }  // namespace
 
 void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool norm_topk, const RouterOut& out,
-                const int* halt, cudaStream_t stream) {
+                const int* halt, cudaStream_t stream, int max_cluster) {
   if (W.rows != n_experts + 1) fail("moe_router: W must hold E router rows plus the shared-expert gate row");
+  if (max_cluster < 1 || max_cluster > kRouterMaxCluster)
+    fail("moe_router: max_cluster must be in [1, ", std::to_string(kRouterMaxCluster), "]");
   if (top_k < 1 || top_k > kMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
-  if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream);
-  else if (W.bits == 8) launch_router<8>(W, X, n_experts, top_k, norm_topk, out, halt, stream);
+  if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
+  else if (W.bits == 8) launch_router<8>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
   else fail("moe_router: ", std::to_string(W.bits), "-bit router weights are not supported");
 }
 

@@ -10,14 +10,19 @@
 namespace lily::cuda {
 
 struct RouterOut {
-  float* logits = nullptr;       // [E + 1] the logits (block 0 copies them here after routing)
+  float* logits = nullptr;       // [E + 1] the logits, copied here after routing; null: not kept (decode)
   int* ids = nullptr;            // [k] chosen experts, by descending probability
   float* weights = nullptr;      // [k] routing weights
   float* shared_gate = nullptr;  // [1] sigmoid(shared_expert_gate . x)
 };
 
+// The largest cluster the router asks for (Hopper places up to 16 blocks, non-portable
+// above 8). A partitioned GPU (MIG, MPS) may place fewer: the router then takes the
+// largest size it gets, down to one block; max_cluster caps it (tests run those sizes).
+constexpr int kRouterMaxCluster = 16;
+
 // W: [E + 1, H]; X: how x is built (RMSNorm of h with the post-attention norm).
 void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool norm_topk, const RouterOut& out,
-                const int* halt, cudaStream_t stream);
+                const int* halt, cudaStream_t stream, int max_cluster = kRouterMaxCluster);
 
 }  // namespace lily::cuda

@@ -126,6 +126,15 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   X.x = dh;
   X.w = dw;
   moe_router(dR, X, E, k, true, out, nullptr, 0);
+  // Smaller clusters (a partitioned GPU may place no more), and no logits kept (decode):
+  // each row is still one warp's dot product, so the routing is the same bit for bit.
+  // (Run before moe_down adds to h, which X reads.)
+  const int caps[] = {8, 4, 1};
+  RouterOut capped[3];
+  for (int c = 0; c < 3; ++c) {
+    capped[c] = {caps[c] == 1 ? nullptr : dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1)};
+    moe_router(dR, X, E, k, true, capped[c], nullptr, 0, caps[c]);
+  }
   moe_gate_up(m, X, out.ids, k, act, nullptr, 0);
   moe_down(m, act, out.ids, out.weights, out.shared_gate, k, dh, nullptr, nullptr, 0);
   CK(cudaGetLastError());
@@ -151,6 +160,14 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
     if (ids_ok) psum += p[ids[j]];
   }
   expect("  top-k ids are the k most probable experts", ids_ok);
+  for (int c = 0; c < 3; ++c) {
+    const RouterOut& o = capped[c];
+    std::snprintf(name, sizeof name, "  clusters of at most %d%s: the same routing", caps[c], o.logits ? "" : ", no logits kept");
+    expect(name, (!o.logits || from_dev(o.logits, E + 1) == from_dev(out.logits, E + 1)) && from_dev(o.ids, k) == ids &&
+                     from_dev(o.weights, k) == from_dev(out.weights, k) &&
+                     from_dev(o.shared_gate, 1) == from_dev(out.shared_gate, 1));
+    cudaFree(o.logits), cudaFree(o.ids), cudaFree(o.weights), cudaFree(o.shared_gate);
+  }
   if (!ids_ok) return;
   std::vector<double> wref(k);
   for (int j = 0; j < k; ++j) wref[j] = p[ids[j]] / psum;
