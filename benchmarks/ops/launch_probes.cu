@@ -4,7 +4,10 @@
 //   empty          griddepcontrol.wait + launch_dependents: the launch-to-launch floor
 //   stage x        + RMSNorm of the hidden state staged for the tensor cores, as every
 //                  gemv does after its wait (an L2 read of h, a block reduction, the norm weights);
-//                  then its loads and block sum alone, and its loads alone
+//                  then its loads and block sum alone, its loads alone, and the staging a
+//                  kernel would do if its producer had written x already in the fragment
+//                  layout with per-16-row partial group sums and sums of squares (perf-log 9):
+//                  8 KB into shared memory, the group sums, 1/rms per warp, one barrier
 //   gemv, k row blocks per block: + k serial 16-row tiles of 2048 columns per block (one ahead)
 //   chain of 21 gemvs, released by griddepcontrol.wait / by a counter: 21 dependent
 //                  gemvs of 1 row block per block (each reads the previous one's output as
@@ -32,7 +35,9 @@ __global__ void __launch_bounds__(kThreads) empty_kernel(float* sink) {
 }
 
 // Parts of the x staging: 0 the whole stage_x_mma, 1 its loads of x and the norm weight
-// and the block sum of squares, 2 the loads alone.
+// and the block sum of squares, 2 the loads alone; 3 x pre-staged by its producer:
+// X.x holds the fragments [cols floats' worth], then partial group sums [cols / 16] (one
+// per 16 rows of the producer), then partial sums of squares [cols / 16].
 template <int PART>
 __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, float* sink) {
   extern __shared__ uint4 smem_u4[];
@@ -41,6 +46,19 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, floa
   if constexpr (PART == 0) {
     stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
     if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0];
+  } else if constexpr (PART == 3) {
+    const uint4* frag = reinterpret_cast<const uint4*>(X.x);
+    const float *gpart = X.x + cols, *sspart = gpart + cols / 16;
+    for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) xf[i] = __ldcg(frag + i);
+    float g = threadIdx.x < cols / 16 ? __ldcg(gpart + threadIdx.x) : 0.0f;  // 4 parts per 64-column group
+    g += __shfl_xor_sync(0xffffffffu, g, 1);
+    g += __shfl_xor_sync(0xffffffffu, g, 2);
+    if (threadIdx.x < cols / 16 && threadIdx.x % 4 == 0) xsum[threadIdx.x / 4] = g;
+    float ss = 0.0f;  // every warp its own 1/rms: no block reduction
+    for (int i = threadIdx.x & 31; i < cols / 16; i += 32) ss += fabsf(__ldcg(sspart + i));  // random inputs: keep it finite
+    const float inv = rsqrtf(warp_sum(ss) / cols + X.eps);
+    __syncthreads();
+    if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0] * inv + __uint_as_float(xf[cols / 8].x);
   } else {
     float ss = 0.0f;
     for (int f = threadIdx.x; f < cols / 4; f += blockDim.x) {
@@ -111,12 +129,12 @@ void add_probe_ops(std::vector<Op>& ops) {
                    };
                  }});
   const char* stage_names[] = {"probe: stage x (RMSNorm, tensor-core layout)", "probe: stage x, its loads and block sum only",
-                                "probe: stage x, its loads only"};
-  auto stage_kernels = {stage_kernel<0>, stage_kernel<1>, stage_kernel<2>};
+                                "probe: stage x, its loads only", "probe: stage x pre-staged by its producer"};
+  auto stage_kernels = {stage_kernel<0>, stage_kernel<1>, stage_kernel<2>, stage_kernel<3>};
   int part = 0;
   for (auto kernel : stage_kernels) {
     ops.push_back({stage_names[part++], dims(1, kH), kH * 8.0, 0, [=](Arena& A) -> Launch {
-                     const XSpec X = rmsnorm_of(A, A.normal(kH));
+                     const XSpec X = rmsnorm_of(A, A.normal(kH + kH / 8));  // PART 3 reads past the kH values
                      float* sink = A.zeros<float>(probe_grid() * kThreads);
                      return [=](cudaStream_t s) {
                        launch("probe stage", kernel, dim3(probe_grid()), dim3(kThreads), stage_mma_bytes(kH), s, X, kH,
