@@ -207,7 +207,7 @@ def test_decode_is_the_same_without_pdl(tmp_path, route):
     before them does not write (docs/cuda.md); without PDL nothing overlaps. Every decode
     kernel is deterministic, so 48 single-token steps (the decode step's graphs) at
     Qwen3.6-35B-A3B's widths give the same logits bit for bit either way, on the default
-    route and on each one-launch alternative (their neighbours change). LILY_CUDA_PDL is
+    route and on the one-launch MoE (its neighbours change). LILY_CUDA_PDL is
     read once per process, hence the two processes."""
     config = config_at_35b_widths()
     path = tmp_path / "config.json"

@@ -137,7 +137,7 @@ void add_decode_ops(std::vector<Op>& ops) {
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, true);
 
   // MoE: router (8-bit, E rows + the shared-expert gate row), then k experts + shared.
-  const double router_bytes = qbytes(kE + 1, kH, 8) + 2 * kH * 4.0 + (kE + 1) * 4.0 + 2 * kTopK * 4.0 + 4;
+  const double router_bytes = qbytes(kE + 1, kH, 8) + 2 * kH * 4.0 + 2 * kTopK * 4.0 + 4;  // decode keeps no logits
   const double gate_up_w = kTopK * qbytes(2 * kI, kH, 4) + qbytes(2 * kIs, kH, 4);
   const double down_w = kTopK * qbytes(kH, kI, 4) + qbytes(kH, kIs, 4);
   const double act_bytes = (kTopK * kI + kIs) * 4.0;
@@ -145,7 +145,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                  [](Arena& A) -> Launch {
                    const QMat R = A.qmat(kE + 1, kH, 8, false);
                    const XSpec X = rmsnorm_of(A, A.normal(kH));
-                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
+                   const RouterOut out{nullptr, A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
                    return [=](cudaStream_t s) { moe_router(R, X, kE, kTopK, true, out, nullptr, s); };
                  }});
   ops.push_back({"moe_gate_up 8 experts + shared +rmsnorm", "9x" + dims(2 * kI, kH), gate_up_w + 2 * kH * 4.0 + act_bytes,
@@ -173,7 +173,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const MoeExperts m = experts(A);
                    float* h = A.normal(kH);  // the residual stream the block reads and adds to
                    const XSpec X = rmsnorm_of(A, h);
-                   const RouterOut out{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
+                   const RouterOut out{nullptr, A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};  // as decode runs it
                    float* act = A.normal(kTopK * kI + kIs);
                    return [=](cudaStream_t s) {
                      moe_router(R, X, kE, kTopK, true, out, nullptr, s);

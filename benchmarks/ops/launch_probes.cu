@@ -50,9 +50,7 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, floa
     const uint4* frag = reinterpret_cast<const uint4*>(X.x);
     const float *gpart = X.x + cols, *sspart = gpart + cols / 16;
     for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) xf[i] = __ldcg(frag + i);
-    float g = threadIdx.x < cols / 16 ? __ldcg(gpart + threadIdx.x) : 0.0f;  // 4 parts per 64-column group
-    g += __shfl_xor_sync(0xffffffffu, g, 1);
-    g += __shfl_xor_sync(0xffffffffu, g, 2);
+    const float g = quad_sum(threadIdx.x < cols / 16 ? __ldcg(gpart + threadIdx.x) : 0.0f);  // 4 parts a group
     if (threadIdx.x < cols / 16 && threadIdx.x % 4 == 0) xsum[threadIdx.x / 4] = g;
     float ss = 0.0f;  // every warp its own 1/rms: no block reduction
     for (int i = threadIdx.x & 31; i < cols / 16; i += 32) ss += fabsf(__ldcg(sspart + i));  // random inputs: keep it finite
@@ -73,10 +71,11 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, floa
 
 int probe_grid() { return 2 * sm_count(); }  // the decode GEMVs' grid: two blocks per multiprocessor
 
-// Kernel i of a chain polls c[(i - 1) % 3] until it holds `target` (its predecessor's
-// blocks), adds 1 to c[i % 3] at the end of each block, and its block 0 zeroes
-// c[(i + 1) % 3]: the counter kernel i - 1 polled (every block of it got past its poll
-// before kernel i was released) and kernel i + 1 fills after polling c[i % 3].
+// Kernel i > 0 of a chain polls c[(i - 1) % 3] until it holds `target` (its predecessor's
+// blocks; kernel 0 waits with griddepcontrol.wait), adds 1 to c[i % 3] at the end of
+// each block, and its block 0 zeroes c[(i + 1) % 3]: the counter kernel i - 1 polled
+// (every block of it got past its poll before kernel i was released) and kernel i + 1
+// fills after polling c[i % 3]. The polls spin without a pause.
 struct ChainLink {
   const unsigned* wait_on = nullptr;  // null: griddepcontrol.wait
   unsigned target = 0;
@@ -84,7 +83,9 @@ struct ChainLink {
   unsigned* reset = nullptr;
 };
 
-constexpr int kChain = 21;  // a multiple of 3: every chain leaves the counters as it found them
+// A multiple of 3: the last kernel zeroes c[0], which the next chain's kernel 0 fills
+// without zeroing it first.
+constexpr int kChain = 21;
 
 __global__ void __launch_bounds__(kThreads) chain_gemv_kernel(QMat W, XSpec X, float* y, ChainLink link) {
   constexpr int kGpw = 4;  // 2048 columns over 8 warps
@@ -133,7 +134,8 @@ void add_probe_ops(std::vector<Op>& ops) {
   auto stage_kernels = {stage_kernel<0>, stage_kernel<1>, stage_kernel<2>, stage_kernel<3>};
   int part = 0;
   for (auto kernel : stage_kernels) {
-    ops.push_back({stage_names[part++], dims(1, kH), kH * 8.0, 0, [=](Arena& A) -> Launch {
+    const double bytes = part == 3 ? (kH + kH / 8) * 4.0 : kH * 8.0;  // x and its norm weight; fragments and partials
+    ops.push_back({stage_names[part++], dims(1, kH), bytes, 0, [=](Arena& A) -> Launch {
                      const XSpec X = rmsnorm_of(A, A.normal(kH + kH / 8));  // PART 3 reads past the kH values
                      float* sink = A.zeros<float>(probe_grid() * kThreads);
                      return [=](cudaStream_t s) {
@@ -154,14 +156,13 @@ void add_probe_ops(std::vector<Op>& ops) {
   }
   for (bool counter : {false, true}) {
     const int rows = 16 * 264;  // as above
-    ops.push_back({std::string("probe: chain of 21 gemvs, released by ") + (counter ? "a counter" : "griddepcontrol.wait"),
-                   dims(rows, kH) + " x 21", kChain * (qbytes(rows, kH, 4) + kH * 8.0 + rows * 4.0),
+    ops.push_back({"probe: chain of " + std::to_string(kChain) + " gemvs, released by " + (counter ? "a counter" : "griddepcontrol.wait"),
+                   dims(rows, kH) + " x " + std::to_string(kChain), kChain * (qbytes(rows, kH, 4) + kH * 8.0 + rows * 4.0),
                    kChain * 2.0 * rows * kH, [=](Arena& A) -> Launch {
                      const int grid = probe_grid();
                      const QMat W = A.qmat(16 * grid, kH, 4, true);
                      float* y[2] = {A.normal(16 * grid), A.normal(16 * grid)};
                      const XSpec X = rmsnorm_of(A, y[0]);
-                     const float* w = X.w;
                      unsigned* c = A.zeros<unsigned>(3);
                      const size_t smem = stage_mma_bytes(kH);
                      allow_dynamic_smem(reinterpret_cast<const void*>(chain_gemv_kernel), smem, "probe chain");
@@ -169,7 +170,6 @@ void add_probe_ops(std::vector<Op>& ops) {
                        for (int i = 0; i < kChain; ++i) {
                          XSpec Xi = X;
                          Xi.x = y[(i + 1) % 2];
-                         Xi.w = w;
                          ChainLink link;
                          if (counter) {
                            link.wait_on = i == 0 ? nullptr : c + (i + 2) % 3;

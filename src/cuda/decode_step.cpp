@@ -28,12 +28,12 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   h = alloc<float>(H, "workspace h");
   proj = alloc<float>(std::max(gdn_rows, attn_rows), "workspace projections");
   mix = alloc<float>(std::max<size_t>(c.gdn_value_dim(), c.attn_q_dim()), "workspace mixer output");
-  router_logits = alloc<float>(c.num_experts + 1, "workspace router logits (moe_fused)");
   ids = alloc<int>(c.num_experts_per_tok, "workspace expert ids");
   route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
   shared_gate = alloc<float>(1, "workspace shared gate");
   moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
   moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
+  if (moe_fused) router_logits = alloc<float>(c.num_experts + 1, "workspace router logits (moe_fused)");
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
   min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
   act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,

@@ -30,7 +30,7 @@ class Workspace {
   explicit Workspace(const ModelConfig& c);
   float *h = nullptr, *proj = nullptr, *mix = nullptr, *route_w = nullptr, *shared_gate = nullptr, *act = nullptr,
         *attn_partial = nullptr;
-  float* router_logits = nullptr;  // moe_fused's phase 1 -> 2 (moe_router keeps its logits in shared memory)
+  float* router_logits = nullptr;  // with moe_fused only: its phase 1 -> 2 (moe_router keeps them in shared memory)
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
   unsigned* head_counter = nullptr;

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   // Gated RMSNorm over the head (its kGdnSplit blocks form the cluster).
   const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red);
   cluster_wait();  // every block of the head has started
-  const float hinv = head_inv_rms(part, head_ss, 0, split, a.Dv, a.eps);
+  const float hinv = head_inv_rms(part, head_ss, split, a.Dv, a.eps);
   if (active && kq == 0) a.out[v_idx] = o * hinv * norm_w * siluf_(z);
   decode_trigger();
 }

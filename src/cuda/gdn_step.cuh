@@ -77,14 +77,13 @@ __device__ __forceinline__ float delta_rule(float (&s)[N], int nk, int lane_k, c
   return column_sum<LANES>(o);
 }
 
-// 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster
-// (ranks first .. first + kGdnSplit - 1): each block's sum of o^2 (part) goes into every
-// such block's head_ss[split] through distributed shared memory; after the cluster
-// barrier all add them in split order (the same total everywhere). Every block must have
-// started (cluster_wait) before the call.
-__device__ __forceinline__ float head_inv_rms(float part, float* head_ss, int first, int split, int Dv, float eps) {
+// 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster:
+// each block's sum of o^2 (part) goes into every block's head_ss[split] through
+// distributed shared memory; after the cluster barrier all add them in split order (the
+// same total everywhere). Every block must have started (cluster_wait) before the call.
+__device__ __forceinline__ float head_inv_rms(float part, float* head_ss, int split, int Dv, float eps) {
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (threadIdx.x < kGdnSplit) cluster.map_shared_rank(head_ss, first + static_cast<int>(threadIdx.x))[split] = part;
+  if (threadIdx.x < kGdnSplit) cluster.map_shared_rank(head_ss, static_cast<int>(threadIdx.x))[split] = part;
   cluster.sync();
   float ss = 0.0f;
 #pragma unroll

@@ -126,13 +126,14 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   X.x = dh;
   X.w = dw;
   moe_router(dR, X, E, k, true, out, nullptr, 0);
-  // Smaller clusters (a partitioned GPU may place no more), and no logits kept (decode):
+  // No logits kept (decode), and smaller clusters (a partitioned GPU may place no more):
   // each row is still one warp's dot product, so the routing is the same bit for bit.
   // (Run before moe_down adds to h, which X reads.)
-  const int caps[] = {8, 4, 1};
-  RouterOut capped[3];
-  for (int c = 0; c < 3; ++c) {
-    capped[c] = {caps[c] == 1 ? nullptr : dev_alloc<float>(E + 1), dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1)};
+  const int caps[] = {kRouterMaxCluster, 8, 4, 1};
+  RouterOut capped[4];
+  for (int c = 0; c < 4; ++c) {
+    const bool keep = caps[c] != kRouterMaxCluster && caps[c] != 1;
+    capped[c] = {keep ? dev_alloc<float>(E + 1) : nullptr, dev_alloc<int>(k), dev_alloc<float>(k), dev_alloc<float>(1)};
     moe_router(dR, X, E, k, true, capped[c], nullptr, 0, caps[c]);
   }
   moe_gate_up(m, X, out.ids, k, act, nullptr, 0);
@@ -160,7 +161,7 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
     if (ids_ok) psum += p[ids[j]];
   }
   expect("  top-k ids are the k most probable experts", ids_ok);
-  for (int c = 0; c < 3; ++c) {
+  for (int c = 0; c < 4; ++c) {
     const RouterOut& o = capped[c];
     std::snprintf(name, sizeof name, "  clusters of at most %d%s: the same routing", caps[c], o.logits ? "" : ", no logits kept");
     expect(name, (!o.logits || from_dev(o.logits, E + 1) == from_dev(out.logits, E + 1)) && from_dev(o.ids, k) == ids &&
