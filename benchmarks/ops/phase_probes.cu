@@ -9,6 +9,12 @@
 //   stream 16 MB, ...               GB/s of one layer's expert weights (8 routed + shared,
 //                                   gate/up + down) read by the whole GPU, and by 9 clusters
 //                                   of 16 blocks (one per MoE slot: as many SMs as they get)
+//   router hand-off, released by ...  µs / 10: a router-like kernel (16 blocks that trigger
+//                                   at once, then block 0 alone works ~1 µs and writes 8 ids,
+//                                   as the router's top-8 tail) and a gate/up-like consumer
+//                                   (264 blocks that read the ids); the consumer waits for the
+//                                   router's completion (griddepcontrol.wait) or polls a flag
+//                                   block 0 sets right after the ids
 #include <cooperative_groups.h>
 
 #include "bench.h"
@@ -91,6 +97,41 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint4* w, size_t
   pdl_trigger();
 }
 
+// The hand-off pairs: pair j's route_kernel sets flag[j % 2] (release) after its ids and
+// zeroes flag[(j + 1) % 2], which the previous pair's consumers have all polled (they
+// trigger only after their poll, and this kernel starts only after they trigger); its
+// take_kernel polls flag[j % 2] (acquire). kPairs is even: every launch leaves the flags
+// as the next one expects them.
+constexpr int kPairs = 10, kRouteBlocks = 16;
+
+__global__ void __launch_bounds__(kThreads) route_kernel(int* ids, unsigned* flag, unsigned* stale, float* sink) {
+  pdl_wait();
+  pdl_trigger();  // as the router: the consumer's blocks may start during the tail below
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  float v = static_cast<float>(threadIdx.x) + sink[0];
+  for (int round = 0; round < 8; ++round) v = warp_sum(warp_max(v) - v) * 0.5f;  // a top-8's rounds of reductions
+  if (threadIdx.x < 8) ids[threadIdx.x] = static_cast<int>(v) + threadIdx.x;
+  __syncwarp();
+  if (flag && threadIdx.x == 0) {
+    st_relaxed(stale, 0u);
+    __threadfence();  // the ids (the warp's, ordered by __syncwarp) before the flag
+    st_release(flag, 1u);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) take_kernel(const int* ids, const unsigned* flag, float* sink) {
+  if (flag) {
+    if (threadIdx.x == 0)
+      while (ld_acquire(flag) == 0u) {
+      }
+    __syncthreads();
+  } else {
+    pdl_wait();
+  }
+  if (threadIdx.x < 8) sink[blockIdx.x * 8 + threadIdx.x] = static_cast<float>(__ldcg(ids + threadIdx.x));
+  pdl_trigger();
+}
+
 }  // namespace
 
 void add_phase_probe_ops(std::vector<Op>& ops) {
@@ -137,6 +178,26 @@ void add_phase_probe_ops(std::vector<Op>& ops) {
   };
   streams("by the whole GPU (2 blocks per SM)", false);
   streams("by 9 clusters of 16 blocks", true);
+
+  for (bool polled : {false, true}) {
+    ops.push_back({std::string("probe: router hand-off, released by ") + (polled ? "a flag" : "griddepcontrol.wait"),
+                   std::to_string(kPairs) + " x (16 + 2 per SM blocks)", 0, 0,
+                   [=](Arena& A) -> Launch {
+                     int* ids = A.zeros<int>(8);
+                     unsigned* flags = A.zeros<unsigned>(2);
+                     const int grid = 2 * sm_count();
+                     float* sink = A.zeros<float>(grid * 8);
+                     return [=](cudaStream_t s) {
+                       for (int j = 0; j < kPairs; ++j) {
+                         unsigned* flag = polled ? flags + j % 2 : nullptr;
+                         launch("probe route", route_kernel, dim3(kRouteBlocks), dim3(kThreads), 0, s, ids, flag,
+                                flags + (j + 1) % 2, sink);
+                         launch("probe take", take_kernel, dim3(grid), dim3(kThreads), 0, s, ids,
+                                static_cast<const unsigned*>(flag), sink);
+                       }
+                     };
+                   }});
+  }
 }
 
 }  // namespace lily::bench
