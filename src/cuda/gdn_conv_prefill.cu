@@ -4,6 +4,7 @@
 #include <string>
 
 #include "device_common.cuh"
+#include "gdn_step.cuh"
 
 namespace lily::cuda {
 namespace {
@@ -71,10 +72,8 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_conv_prefill_kernel(GdnConvPr
   if (kind == 2 && t0 + lane < t1) {  // gates of value head `head`, one token per lane
     const int t = t0 + lane;
     const float* ba = a.proj + static_cast<size_t>(t) * a.ldp + conv_dim + value_dim;
-    const float araw = ba[a.Hv + head] + a.dt_bias[head];
-    const float softplus = araw > 20.0f ? araw : log1pf(__expf(araw));
     a.beta[static_cast<size_t>(t) * a.Hv + head] = sigmoidf_(ba[head]);
-    a.decay[static_cast<size_t>(t) * a.Hv + head] = __expf(a.neg_A[head] * softplus);
+    a.decay[static_cast<size_t>(t) * a.Hv + head] = gdn_decay(ba[a.Hv + head], a.dt_bias[head], a.neg_A[head]);
   }
 
   if (run == 0 && active)  // after this lane's own ring reads above (same addresses, program order)

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   sk = block_sum(sk, red);
   const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
   const float decay = gdn_decay(a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h], dt_bias, neg_A);
-  const float o = delta_rule<4>(s, nk, kq, qs, ks, sq, sk, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+  const float o = delta_rule(s, nk, kq, qs, ks, sq, sk, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);

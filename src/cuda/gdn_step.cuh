@@ -1,4 +1,4 @@
-// Pieces of one Gated DeltaNet decode step (gdn_decode.cu).
+// Pieces of one Gated DeltaNet decode step (gdn_decode.cu; the decay also in gdn_conv_prefill.cu).
 #pragma once
 #include <cooperative_groups.h>
 
@@ -40,20 +40,12 @@ __device__ __forceinline__ float gdn_decay(float a, float dt_bias, float neg_A) 
   return __expf(neg_A * softplus);
 }
 
-// Sum over the LANES adjacent lanes that hold one value column.
-template <int LANES>
-__device__ __forceinline__ float column_sum(float v) {
-#pragma unroll
-  for (int o = 1; o < LANES; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// The delta rule on one value column v held by LANES adjacent threads, this one with the
-// keys k = LANES*i + lane_k (i < nk) of the column's state s (registers):
+// The delta rule on one value column v held by 4 adjacent threads (a quad), this one
+// with the keys k = 4i + lane_k (i < nk) of the column's state s (registers):
 //   q' = q / (|q| sqrt(Dk)), k' = k / |k|   (sq, sk: the block sums of q^2, k^2)
-//   S = decay S;  S += k' (beta (v - S^T k'))^T;  returns o = S^T q' (on all LANES threads).
+//   S = decay S;  S += k' (beta (v - S^T k'))^T;  returns o = S^T q' (on all 4 threads).
 // qs, ks: q and k in shared memory; v is ignored where !active.
-template <int LANES, int N>
+template <int N>
 __device__ __forceinline__ float delta_rule(float (&s)[N], int nk, int lane_k, const float* qs, const float* ks, float sq,
                                             float sk, int Dk, float decay, float beta, float v, bool active) {
   const float qscale = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(Dk));
@@ -63,18 +55,18 @@ __device__ __forceinline__ float delta_rule(float (&s)[N], int nk, int lane_k, c
   for (int i = 0; i < N; ++i)
     if (i < nk) {
       s[i] *= decay;
-      kv = fmaf(s[i], ks[LANES * i + lane_k] * kscale, kv);
+      kv = fmaf(s[i], ks[4 * i + lane_k] * kscale, kv);
     }
-  kv = column_sum<LANES>(kv);
+  kv = quad_sum(kv);
   const float delta = active ? (v - kv) * beta : 0.0f;
   float o = 0.0f;
 #pragma unroll
   for (int i = 0; i < N; ++i)
     if (i < nk) {
-      s[i] = fmaf(ks[LANES * i + lane_k] * kscale, delta, s[i]);
-      o = fmaf(s[i], qs[LANES * i + lane_k] * qscale, o);
+      s[i] = fmaf(ks[4 * i + lane_k] * kscale, delta, s[i]);
+      o = fmaf(s[i], qs[4 * i + lane_k] * qscale, o);
     }
-  return column_sum<LANES>(o);
+  return quad_sum(o);
 }
 
 // 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster:

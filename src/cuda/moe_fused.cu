@@ -32,7 +32,7 @@ __host__ __device__ constexpr size_t stage_region_bytes(int H, int cols3) {
 }
 
 __host__ __device__ constexpr size_t fused_smem_bytes(int H, int cols3, int E) {
-  return stage_region_bytes(H, cols3) + align16(static_cast<size_t>(2 * E + 1) * 4) + align16(sizeof(Fixed));
+  return stage_region_bytes(H, cols3) + route_smem_bytes(E) + align16(sizeof(Fixed));
 }
 
 // Router rows: one warp per row (U chunks per lane per step, as moe_router). Gate/up:
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   unsigned char* base = reinterpret_cast<unsigned char*>(smem_u4);
   float* logits = reinterpret_cast<float*>(base + stage_region_bytes(H, cols3));  // [E + 1], then p [E]
   float* p = logits + E + 1;
-  Fixed& f = *reinterpret_cast<Fixed*>(base + stage_region_bytes(H, cols3) + align16(static_cast<size_t>(2 * E + 1) * 4));
+  Fixed& f = *reinterpret_cast<Fixed*>(base + stage_region_bytes(H, cols3) + route_smem_bytes(E));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g0 = warp * GPW;
   GridBarrier bar{s.sync};
 

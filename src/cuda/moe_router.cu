@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   extern __shared__ float4 smem[];
   float* logits = reinterpret_cast<float*>(smem);
   float* p = logits + E + 1;
-  float4* xs = smem + (2 * E + 4) / 4;
+  float4* xs = smem + route_smem_bytes(E) / 16;
   float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
   float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
   const cg::cluster_group cluster = cg::this_cluster();
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 template <int BITS>
 void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, const RouterOut& out, const int* halt,
                    cudaStream_t stream, int max_cluster) {
-  const size_t smem = (2 * E + 4) / 4 * 16 + stage_bytes<BITS>(W.cols);
+  const size_t smem = route_smem_bytes(E) + stage_bytes<BITS>(W.cols);
   if (smem > 48 * 1024) fail("moe_router: hidden size or expert count too large");
   const int chunks = W.chunks();
   auto kernel = chunks <= 32 ? router_kernel<BITS, 1> : chunks <= 64 ? router_kernel<BITS, 2> : router_kernel<BITS, 4>;

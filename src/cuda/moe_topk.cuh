@@ -20,6 +20,10 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
+// Bytes of route_topk's shared memory, logits [E + 1] then p [E], rounded up to 16 (what
+// a kernel places after them stays 16-byte aligned).
+__host__ __device__ constexpr int route_smem_bytes(int E) { return ((2 * E + 1) * 4 + 15) / 16 * 16; }
+
 // Softmax over logits[0..E) and top-k (warp reductions only; k <= 32): ids[j], w[j] for j < k
 // (w renormalised over the k when norm_topk, else softmax probabilities), and
 // *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared memory; p: E floats of

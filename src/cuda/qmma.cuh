@@ -149,28 +149,21 @@ struct MmaTiles {
   }
 };
 
-// Per-row totals of a 16-row block over the warps that share it (the block's, or a group
-// of `warps` of them with their own red and barrier): each warp calls put_rows16 with its
-// (y0, y1); after a barrier, row_total(red, r) sums row r in warp order (deterministic).
-// red is [warps][16]; alternate two of them between row blocks.
-__device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1, int warp) {
-  const int lane = threadIdx.x & 31;
+// Per-row totals of a 16-row block over the block's warps: every warp calls
+// put_rows16 with its (y0, y1); after a barrier, row_total(red, r) sums row r in warp
+// order (deterministic). red is [warps][16]; alternate two of them between row blocks.
+__device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if ((lane & 3) == 0) {
     red[warp][lane >> 2] = y0;
     red[warp][(lane >> 2) + 8] = y1;
   }
 }
-__device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
-  put_rows16(red, y0, y1, static_cast<int>(threadIdx.x >> 5));
-}
 
-__device__ __forceinline__ float row_total(const float (*red)[16], int r, int warps) {
-  float y = 0.0f;
-  for (int w = 0; w < warps; ++w) y += red[w][r];
-  return y;
-}
 __device__ __forceinline__ float row_total(const float (*red)[16], int r) {
-  return row_total(red, r, static_cast<int>(blockDim.x >> 5));
+  float y = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) y += red[w][r];
+  return y;
 }
 
 // put_rows16 + barrier + row_total for thread r < 16.
