@@ -111,26 +111,23 @@ void add_decode_ops(std::vector<Op>& ops) {
 
   // GDN: state read + written, q|k|v|z|b|a read, conv and norm weights, ring (3 rows read, 1 written), out written.
   const double gdn_state = 4.0 * kHv * kDh * kDh;
-  const double gdn_bytes = 2 * gdn_state + (kConv + 2 * kHv) * 4.0 + kConv * 16.0 + 4 * kConv * 4.0 +
-                           2 * kHv * kDh * 4.0 + 2 * kHv * 4.0 + kDh * 4.0;
-  const double gdn_flops = 7.0 * kHv * kDh * kDh;  // decay, S^T k, rank-1 update, S^T q
-  auto gdn_args = [](Arena& A) {
-    GdnArgs a;
-    a.proj = A.normal(kGdnRows);
-    a.norm_w = A.near_one(kDh);
-    a.conv_w = A.normal(size_t(kConv) * 4, 0.3f);
-    a.ring = A.normal(size_t(4) * kConv);
-    a.dt_bias = A.normal(kHv);
-    a.neg_A = A.upload(gdn_neg_A());
-    a.state_in = A.normal(size_t(kHv) * kDh * kDh, 0.1f);
-    a.state_out = A.normal(size_t(kHv) * kDh * kDh);
-    a.out = A.normal(kHv * kDh);
-    a.pos = A.upload(std::vector<int>{4095});
-    a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
-    return a;
-  };
-  ops.push_back({"gdn_decode", "32 heads x 128x128", gdn_bytes, gdn_flops, [=](Arena& A) -> Launch {
-                   const GdnArgs a = gdn_args(A);
+  ops.push_back({"gdn_decode", "32 heads x 128x128",
+                 2 * gdn_state + (kConv + 2 * kHv) * 4.0 + kConv * 16.0 + 4 * kConv * 4.0 + 2 * kHv * kDh * 4.0 +
+                     2 * kHv * 4.0 + kDh * 4.0,
+                 7.0 * kHv * kDh * kDh,  // decay, S^T k, rank-1 update, S^T q
+                 [](Arena& A) -> Launch {
+                   GdnArgs a;
+                   a.proj = A.normal(kGdnRows);
+                   a.norm_w = A.near_one(kDh);
+                   a.conv_w = A.normal(size_t(kConv) * 4, 0.3f);
+                   a.ring = A.normal(size_t(4) * kConv);
+                   a.dt_bias = A.normal(kHv);
+                   a.neg_A = A.upload(gdn_neg_A());
+                   a.state_in = A.normal(size_t(kHv) * kDh * kDh, 0.1f);
+                   a.state_out = A.normal(size_t(kHv) * kDh * kDh);
+                   a.out = A.normal(kHv * kDh);
+                   a.pos = A.upload(std::vector<int>{4095});
+                   a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
                    return [=](cudaStream_t s) { gdn_decode(a, nullptr, s); };
                  }});
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, false);

@@ -20,7 +20,6 @@ struct Shape {
   int Hq, Hkv, D;
 };
 
-
 // f(0 .. n-1) on every host core: the long-context reference is ~20 GFLOP.
 template <typename F>
 void parallel_for(int n, const F& f) {

@@ -18,7 +18,6 @@
 namespace lily::cuda::test {
 namespace {
 
-
 struct Shape {
   int Hk, Hv, Dk, Dv;
   int conv_dim() const { return 2 * Hk * Dk + Hv * Dv; }

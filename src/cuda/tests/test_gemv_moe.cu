@@ -11,7 +11,6 @@
 namespace lily::cuda::test {
 namespace {
 
-
 std::vector<double> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, double eps) {
   double ss = 0;
   for (float v : x) ss += double(v) * v;
@@ -173,7 +172,7 @@ void test_moe(int H, int E, int k, int I, int Is, uint64_t seed, bool tiled = fa
   std::vector<double> wref(k);
   for (int j = 0; j < k; ++j) wref[j] = p[ids[j]] / psum;
   report("  routing weights (renormalised)", rel_err(from_dev(out.weights, k), wref), 1e-5);
-  const double sg = 1 / (1 + std::exp(-logits[E]));
+  const double sg = sigmoid(logits[E]);
   report("  shared gate", rel_err(from_dev(out.shared_gate, 1), {sg}), 1e-5);
 
   std::vector<double> aref(k * I + Is);

@@ -258,7 +258,7 @@ void test_combine(int T, int H, int k, uint64_t seed) {
   CK(cudaGetLastError());
   std::vector<double> want(h.size());
   for (int t = 0; t < T; ++t) {
-    const double g = 1 / (1 + std::exp(-double(gl[t])));
+    const double g = sigmoid(gl[t]);
     for (int n = 0; n < H; ++n) {
       const size_t i = static_cast<size_t>(t) * H + n;
       double v = double(h[i]) + g * ysh[i];

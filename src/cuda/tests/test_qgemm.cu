@@ -88,7 +88,6 @@ double dot(const double* a, const double* b, int n) {  // n % 4 == 0
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-
 // Random bf16 activations [rows][cols] stored with row stride ld; the padding columns
 // hold NaN, so a kernel reading past K poisons its result.
 struct Bf16Mat {

@@ -1,17 +1,14 @@
 // Kernels with state over positions: Gated DeltaNet decode (hundreds of steps, conv ring
-// and double-buffered recurrent state; the one-launch mixer against the two launches it
-// replaces) and attention decode, SIMT and tensor-core (every
+// and double-buffered recurrent state) and attention decode, SIMT and tensor-core (every
 // split route, GQA group sizes, head dims, and one step at position 262,143).
 #include <algorithm>
 
 #include "attention_decode.h"
 #include "gdn_decode.h"
-#include "gemv.h"
 #include "test_util.h"
 
 namespace lily::cuda::test {
 namespace {
-
 
 void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
   Rng r(seed);
