@@ -110,11 +110,12 @@ __global__ void __launch_bounds__(kThreads) route_kernel(int* ids, unsigned* fla
   if (blockIdx.x != 0 || threadIdx.x >= 32) return;
   float v = static_cast<float>(threadIdx.x) + sink[0];
   for (int round = 0; round < 8; ++round) v = warp_sum(warp_max(v) - v) * 0.5f;  // a top-8's rounds of reductions
-  if (threadIdx.x < 8) ids[threadIdx.x] = static_cast<int>(v) + threadIdx.x;
-  __syncwarp();
-  if (flag && threadIdx.x == 0) {
+  if (threadIdx.x != 0) return;
+  // v is the warp's (reductions broadcast it): one thread writes the ids, so the release
+  // below orders them before the flag without a fence.
+  for (int i = 0; i < 8; ++i) ids[i] = static_cast<int>(v) + i;
+  if (flag) {
     st_relaxed(stale, 0u);
-    __threadfence();  // the ids (the warp's, ordered by __syncwarp) before the flag
     st_release(flag, 1u);
   }
 }
