@@ -47,14 +47,29 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, floa
     stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
     if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0];
   } else if constexpr (PART == 3) {
+    // Every load first (unrolled, cols <= 2048 at 256 threads), so they share one L2 round trip.
+    constexpr int kFrag = 2, kSs = 4;
     const uint4* frag = reinterpret_cast<const uint4*>(X.x);
     const float *gpart = X.x + cols, *sspart = gpart + cols / 16;
-    for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) xf[i] = __ldcg(frag + i);
-    const float g = quad_sum(threadIdx.x < cols / 16 ? __ldcg(gpart + threadIdx.x) : 0.0f);  // 4 parts a group
+    uint4 fr[kFrag];
+    float sp[kSs];
+#pragma unroll
+    for (int j = 0; j < kFrag; ++j) {
+      const int i = threadIdx.x + j * blockDim.x;
+      fr[j] = i < cols / 4 ? __ldcg(frag + i) : make_uint4(0, 0, 0, 0);
+    }
+    const float gp = threadIdx.x < cols / 16 ? __ldcg(gpart + threadIdx.x) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSs; ++j) {
+      const int i = (threadIdx.x & 31) + 32 * j;
+      sp[j] = i < cols / 16 ? fabsf(__ldcg(sspart + i)) : 0.0f;  // random inputs: keep it finite
+    }
+#pragma unroll
+    for (int j = 0; j < kFrag; ++j)
+      if (threadIdx.x + j * blockDim.x < cols / 4) xf[threadIdx.x + j * blockDim.x] = fr[j];
+    const float g = quad_sum(gp);  // 4 parts a group
     if (threadIdx.x < cols / 16 && threadIdx.x % 4 == 0) xsum[threadIdx.x / 4] = g;
-    float ss = 0.0f;  // every warp its own 1/rms: no block reduction
-    for (int i = threadIdx.x & 31; i < cols / 16; i += 32) ss += fabsf(__ldcg(sspart + i));  // random inputs: keep it finite
-    const float inv = rsqrtf(warp_sum(ss) / cols + X.eps);
+    const float inv = rsqrtf(warp_sum(sp[0] + sp[1] + sp[2] + sp[3]) / cols + X.eps);  // every warp its own 1/rms
     __syncthreads();
     if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0] * inv + __uint_as_float(xf[cols / 8].x);
   } else {

@@ -48,7 +48,7 @@ template <int DPL>
 __device__ __forceinline__ void store_bf16(uint16_t* p, const float (&x)[DPL]) {
   uint32_t w[DPL / 2];
 #pragma unroll
-  for (int i = 0; i < DPL / 2; ++i) w[i] = to_bf16_bits(x[2 * i]) | (static_cast<uint32_t>(to_bf16_bits(x[2 * i + 1])) << 16);
+  for (int i = 0; i < DPL / 2; ++i) w[i] = pack_bf16(x[2 * i], x[2 * i + 1]);
   if constexpr (DPL == 8) {
     *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
   } else if constexpr (DPL == 4) {

@@ -134,11 +134,34 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(v);
 }
 
+// Two block sums for the barriers of one (<= 512 threads: `red` holds >= 32 floats); each
+// is summed in the order block_sum uses.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  __syncthreads();
+  if (lane == 0) {
+    red[warp] = a;
+    red[16 + warp] = b;
+  }
+  __syncthreads();
+  a = lane < nw ? red[lane] : 0.0f;
+  b = lane < nw ? red[16 + lane] : 0.0f;
+  return make_float2(warp_sum(a), warp_sum(b));
+}
+
 __device__ __forceinline__ float bf16_lo(uint32_t p) { return __uint_as_float(p << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t p) { return __uint_as_float(p & 0xffff0000u); }
 __device__ __forceinline__ float bf16_bits(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t to_bf16_bits(float f) {  // round to nearest even (one cvt.rn.bf16.f32)
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+// Two floats -> bf16x2 (round to nearest even), `lo` in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 // Weights are read once per token: bypass L1 so they do not evict activations.

@@ -62,7 +62,9 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
 
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
+  // The gate inputs z, beta and a first: their loads overlap the conv and the reductions.
   const float z = a.proj[conv_dim + v_idx];
+  const float beta_in = a.proj[conv_dim + a.Hv * a.Dv + h], decay_in = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h];
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
   auto conv = [&](const Channel& c, bool write) {
     const float x = a.proj[c.ch];
@@ -78,11 +80,9 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     sk = k * k;
   }
   if (t < C) vs[t] = conv(tv, true);
-  sq = block_sum(sq, red);
-  sk = block_sum(sk, red);
-  const float beta = sigmoidf_(a.proj[conv_dim + a.Hv * a.Dv + h]);
-  const float decay = gdn_decay(a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h], dt_bias, neg_A);
-  const float o = delta_rule(s, nk, kq, qs, ks, sq, sk, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+  const float2 ss = block_sum2(sq, sk, red);
+  const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
+  const float o = delta_rule(s, nk, kq, qs, ks, ss.x, ss.y, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);

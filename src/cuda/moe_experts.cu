@@ -134,20 +134,20 @@ template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
-  __shared__ int s_ids[16];
   __shared__ float red[2][kWarps][16];
   const int H = m.gate_up.cols;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   stage_x_mma(X, H, xf, xsum, raw, raw + H);
   if (wait_halted(halt)) return;
   timeline_mark(0);
-  if (threadIdx.x < k) s_ids[threadIdx.x] = ids[threadIdx.x];
-  __syncthreads();
   const int G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  // Lane i holds slot i's expert (k <= 16), read through L2 (the router wrote it); tasks are
+  // block-uniform, so every warp shuffles the one it needs without a block barrier.
+  const int lane_id = __ldcg(ids + min(lane, k - 1));
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
   auto tile_of = [&](int task, int& rb) -> const QMat& {
     if (task < routed) {
-      rb = s_ids[task / rbe] * rbe + task % rbe;
+      rb = __shfl_sync(0xffffffffu, lane_id, task / rbe) * rbe + task % rbe;
       return m.gate_up;
     }
     rb = task - routed;

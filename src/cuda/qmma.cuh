@@ -78,24 +78,23 @@ __device__ __forceinline__ MmaStage mma_stage(uint4* smem, int cols) {
 __device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* xsum, float* raw, float* scratch) {
   uint32_t* xw = reinterpret_cast<uint32_t*>(xf);
   build_x(X, cols, reinterpret_cast<float4*>(raw), scratch, [&](int f, bool ok, float4 v) {
-    const float e[4] = {v.x, v.y, v.z, v.w};
-    uint32_t hi[4], lo[4];
+    // hi = bf16(x), lo = bf16(x - hi), two values per cvt: [part][pair] words of columns (4f, 4f+1), (4f+2, 4f+3).
+    const uint32_t hi[2] = {pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+    const float h[4] = {bf16_lo(hi[0]), bf16_hi(hi[0]), bf16_lo(hi[1]), bf16_hi(hi[1])};
+    const uint32_t lo[2] = {pack_bf16(v.x - h[0], v.y - h[1]), pack_bf16(v.z - h[2], v.w - h[3])};
+    const float l[4] = {bf16_lo(lo[0]), bf16_hi(lo[0]), bf16_lo(lo[1]), bf16_hi(lo[1])};
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      hi[i] = to_bf16_bits(e[i]);
-      lo[i] = to_bf16_bits(e[i] - bf16_bits(static_cast<uint16_t>(hi[i])));
-      sum += bf16_bits(static_cast<uint16_t>(hi[i])) + bf16_bits(static_cast<uint16_t>(lo[i]));
-    }
+    for (int i = 0; i < 4; ++i) sum += h[i] + l[i];
 #pragma unroll
     for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!ok) return;
     const int c = 4 * f, g = c >> 6, p = c & 15, j = (c & 63) >> 4, t = (p & 7) >> 1, word = 2 * j + (p >> 3);
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
-      const uint32_t* h = part ? lo : hi;
-      xw[((g * 4 + t) * 2 + part) * 8 + word] = h[0] | (h[1] << 16);
-      xw[((g * 4 + t + 1) * 2 + part) * 8 + word] = h[2] | (h[3] << 16);
+      const uint32_t* w = part ? lo : hi;
+      xw[((g * 4 + t) * 2 + part) * 8 + word] = w[0];
+      xw[((g * 4 + t + 1) * 2 + part) * 8 + word] = w[1];
     }
     if ((f & 15) == 0) xsum[g] = sum;
   });
