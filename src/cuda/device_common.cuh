@@ -50,10 +50,16 @@ __device__ __forceinline__ void timeline_mark(int j) {
 }
 
 // The decode kernels' wait: the PDL wait, then whether the decode loop has halted (a step
-// queued after generation ended does nothing). halt is &DecodeCtl::halt or null; in a
-// timeline build block 0 records the wait in the DecodeCtl's timeline, and every block
-// stamps it when stamps are on (decode_ctl.h).
-__device__ __forceinline__ bool wait_halted(const int* halt) {
+// queued after generation ended does nothing). halt is &DecodeCtl::halt or null. Only a
+// step's token choice writes the flag (and the host, between generations), so a kernel
+// launched two or more after it reads the flag before its wait (through L2), and the
+// branch on it costs nothing after the wait. The kernel launched right after the token
+// choice (the step's first, which embeds the token) passes after_choice and reads it
+// after the wait. In a timeline build block 0 records the wait in the DecodeCtl's
+// timeline, and every block stamps it when stamps are on (decode_ctl.h).
+__device__ __forceinline__ bool wait_halted(const int* halt, bool after_choice = false) {
+  const bool early = halt && !after_choice;
+  const int early_flag = early ? __ldcg(halt) : 0;
 #ifdef LILY_CUDA_TIMELINE
   DecodeCtl* ctl = reinterpret_cast<DecodeCtl*>(const_cast<int*>(halt));
   if (stamp_thread()) {
@@ -81,6 +87,7 @@ __device__ __forceinline__ bool wait_halted(const int* halt) {
 #else
   pdl_wait();
 #endif
+  if (early) return early_flag != 0;
   return halt && *halt;
 }
 
