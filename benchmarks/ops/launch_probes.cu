@@ -48,7 +48,8 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, floa
     if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0];
   } else if constexpr (PART == 3) {
     // Every load first (unrolled, cols <= 2048 at 256 threads), so they share one L2 round trip.
-    constexpr int kFrag = 2, kSs = 4;
+    constexpr int kFrag = 2, kSs = 4;  // 2048 columns at 256 threads (add_probe_ops launches kH)
+    static_assert(kH <= 2048, "the pre-staged probe's unrolled loads cover 2048 columns");
     const uint4* frag = reinterpret_cast<const uint4*>(X.x);
     const float *gpart = X.x + cols, *sspart = gpart + cols / 16;
     uint4 fr[kFrag];

@@ -1,6 +1,5 @@
 // Shared-memory staging of the tensor-core kernels: cp.async copies (global -> shared
-// without passing through registers), their commit/wait groups, ldmatrix fragment loads
-// and bf16 packing of accumulators.
+// without passing through registers), their commit/wait groups and ldmatrix fragment loads.
 #pragma once
 #include <cstdint>
 

@@ -421,11 +421,12 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
       if (inflight.empty()) launch_feed(kPrevious);
       if (r.n_tokens + 1 < req.max_tokens && s.position() + 2 < s.max_context) launch_feed(kPrevious);
     }
-  } catch (...) {
+  } catch (...) {  // on the decode stream, so later work on it sees the rewritten values
     cudaStreamSynchronize(stream_);
     const int pos = static_cast<int>(s.position());
-    cudaMemcpy(s.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice);
-    cudaMemset(&ws_->ctl->halt, 0, sizeof(int));
+    cudaMemcpyAsync(s.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice, stream_);
+    cudaMemsetAsync(&ws_->ctl->halt, 0, sizeof(int), stream_);
+    cudaStreamSynchronize(stream_);
     throw;
   }
   // An unaccepted step may have advanced the device position: rewrite it.

@@ -1,7 +1,11 @@
 // State of one generate() call that lives on the device: the stop rules and sampling
 // parameters (written by the host before the loop) and the counters the token-choosing
 // kernels update. A step that finds `halt` set does nothing, so steps queued ahead of
-// the host never change the session once generation has ended.
+// the host never change the session once generation has ended. Only the token choice
+// (lm_head choosing, sample_topk) writes `halt` on the device, and it is always a step's
+// last kernel; every decode kernel reads the flag before its PDL wait (wait_halted)
+// except the step's first, the embedding gemv, which reads it after. A kernel that
+// follows a token choice in any other graph must do the same.
 #pragma once
 #include <cstddef>
 #include <cstdint>

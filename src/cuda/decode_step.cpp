@@ -64,7 +64,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const DeviceLayer& L = W.layers[i];
     XSpec xin;
-    if (i == 0) {
+    if (i == 0) {  // the step's first kernel: it also reads the halt flag after its wait (decode_ctl.h)
       xin.mode = XMode::EmbedRmsNorm;
       xin.embed = W.embed;
       xin.token = ws.tok_slots + parity;

@@ -1,5 +1,5 @@
 // Device helpers shared by the kernels: programmatic dependent launch (PDL), warp
-// reductions, bf16 unpacking, streaming loads, and the launcher every op uses.
+// reductions, bf16 packing and unpacking, streaming loads, and the launcher every op uses.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     sk = k * k;
   }
   if (t < C) vs[t] = conv(tv, true);
-  const float2 ss = block_sum2(sq, sk, red);
+  const auto [q_ss, k_ss] = block_sum2(sq, sk, red);
   const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
-  const float o = delta_rule(s, nk, kq, qs, ks, ss.x, ss.y, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+  const float o = delta_rule(s, nk, kq, qs, ks, q_ss, k_ss, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);

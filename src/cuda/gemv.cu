@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
   };
   RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, n_groups, W.chunks());
   walk.prefetch(W_of, rows_of, lane);
-  if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;  // the embedding gemv follows the token choice
+  if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;
   stage_x<BITS>(X, W.cols, xs, xsum, scratch);
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[R]) {
     if (lane == 0) {
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   // its round trip leaves the kernel's tail.
   const int row0 = rb * 16 + threadIdx.x;
   const float resid0 = Y.mode == YMode::Add && threadIdx.x < 16 && row0 < W.rows ? __ldcg(Y.y + row0) : 0.0f;
-  if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;  // the embedding gemv follows the token choice
+  if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;
   stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
   timeline_mark(0);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {

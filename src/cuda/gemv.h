@@ -14,7 +14,9 @@ struct YSpec {
   float* y = nullptr;
 };
 
-// halt: when non-null and *halt != 0 the kernel does nothing (a finished decode loop).
+// halt: when non-null and *halt != 0 the kernel does nothing (a finished decode loop). The
+// flag is read before the PDL wait, except by the embedding gemv (XMode::EmbedRmsNorm), the
+// step's first kernel, which follows the token choice that writes it (decode_ctl.h).
 // YMode::Add on tiled weights reads a block's first rows of y before waiting on the kernel
 // launched just before it (PDL), so that kernel must not write y; any earlier one may, as
 // every kernel here lets its dependents start only after its own wait.

@@ -143,11 +143,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   // Lane i holds slot i's expert (k <= 16), read through L2 (the router wrote it); tasks are
   // block-uniform, so every warp shuffles the one it needs without a block barrier.
-  const int lane_id = __ldcg(ids + min(lane, k - 1));
+  const int lane_expert = __ldcg(ids + min(lane, k - 1));
   const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
   auto tile_of = [&](int task, int& rb) -> const QMat& {
     if (task < routed) {
-      rb = __shfl_sync(0xffffffffu, lane_id, task / rbe) * rbe + task % rbe;
+      rb = __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe;
       return m.gate_up;
     }
     rb = task - routed;
@@ -155,11 +155,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   };
   int task = blockIdx.x, rb = 0;
   MmaTiles<GPW> next;
-  if (task < n_tasks) next.load(tile_of(task, rb), rb, g0, G, lane);
+  // tile_of sets rb: called before load reads it (argument order is unspecified).
+  auto load_task = [&](MmaTiles<GPW>& tiles, int t) {
+    const QMat& W = tile_of(t, rb);
+    tiles.load(W, rb, g0, G, lane);
+  };
+  if (task < n_tasks) load_task(next, task);
   for (int it = 0; task < n_tasks; task += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
     const int nt = task + gridDim.x;
-    if (nt < n_tasks) next.load(tile_of(nt, rb), rb, g0, G, lane);
+    if (nt < n_tasks) load_task(next, nt);
     float y0 = 0.0f, y1 = 0.0f;
     cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
     if (it == 0) timeline_mark(1);
