@@ -130,32 +130,25 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Sum over the block; `red` holds >= 32 floats of shared memory. All threads get the result.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// N sums over the block for the barriers of one; every thread gets them. `red` holds >= 32
+// floats of shared memory: sum i uses red[16 i + warp], so N > 1 needs <= 512 threads.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N], float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
   __syncthreads();
-  if (lane == 0) red[warp] = v;
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < N; ++i) red[16 * i + warp] = v[i];
   __syncthreads();
-  v = lane < nw ? red[lane] : 0.0f;
-  return warp_sum(v);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < nw ? red[16 * i + lane] : 0.0f);
 }
-
-// Two block sums for the barriers of one (<= 512 threads: `red` holds >= 32 floats); each
-// is summed in the order block_sum uses.
-__device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  a = warp_sum(a);
-  b = warp_sum(b);
-  __syncthreads();
-  if (lane == 0) {
-    red[warp] = a;
-    red[16 + warp] = b;
-  }
-  __syncthreads();
-  a = lane < nw ? red[lane] : 0.0f;
-  b = lane < nw ? red[16 + lane] : 0.0f;
-  return make_float2(warp_sum(a), warp_sum(b));
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  float s[1] = {v};
+  block_sums(s, red);
+  return s[0];
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t p) { return __uint_as_float(p << 16); }

@@ -80,7 +80,9 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
     sk = k * k;
   }
   if (t < C) vs[t] = conv(tv, true);
-  const auto [q_ss, k_ss] = block_sum2(sq, sk, red);
+  float qk_ss[2] = {sq, sk};
+  block_sums(qk_ss, red);
+  const float q_ss = qk_ss[0], k_ss = qk_ss[1];
   const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
   const float o = delta_rule(s, nk, kq, qs, ks, q_ss, k_ss, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
 #pragma unroll
