@@ -129,52 +129,54 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
 // rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
 // x = RMSNorm(h) is staged before the wait: h was last written by the out-projection, the
-// kernel launched two before this one (the router comes between).
+// kernel launched two before this one (the router comes between). The shared expert needs
+// no routing, so its row blocks are computed before the wait too (block b takes b, b +
+// grid, ...): only the routed row blocks (512 at 35B-A3B, under two per block on 264
+// blocks) are left after it.
 template <int GPW>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   __shared__ float red[2][kWarps][16];
-  const int H = m.gate_up.cols;
+  const int H = m.gate_up.cols, G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_shared = 2 * m.shared_inter / 16;
+  const int grid = static_cast<int>(gridDim.x);
   const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
+  int it = 0;  // row blocks done: red[it & 1] alternates between them
+  auto finish = [&](const MmaTiles<GPW>& tiles, int out) {
+    float y0 = 0.0f, y1 = 0.0f;
+    tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    put_rows16(red[it & 1], y0, y1);
+    __syncthreads();
+    if (threadIdx.x < 8) act[out + threadIdx.x] = siluf_(row_total(red[it & 1], threadIdx.x)) * row_total(red[it & 1], threadIdx.x + 8);
+    ++it;
+  };
+
+  // A halted step writes nothing (decode_ctl.h); the flag may be read before the wait.
+  const bool halted = halt && __ldcg(halt);
+  MmaTiles<GPW> next;
+  int rb = blockIdx.x;
+  if (rb < n_shared) next.load(m.shared_gate_up, rb, g0, G, lane);
   stage_x_mma(X, H, xf, xsum, raw, raw + H);
+  for (; !halted && rb < n_shared; rb += grid) {
+    const MmaTiles<GPW> cur = next;
+    if (rb + grid < n_shared) next.load(m.shared_gate_up, rb + grid, g0, G, lane);
+    finish(cur, k * I + 8 * rb);
+  }
+
   if (wait_halted(halt)) return;
   timeline_mark(0);
-  const int G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   // Lane i holds slot i's expert (k <= 16), read through L2 (the router wrote it); tasks are
   // block-uniform, so every warp shuffles the one it needs without a block barrier.
   const int lane_expert = __ldcg(ids + min(lane, k - 1));
-  const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_tasks = routed + 2 * m.shared_inter / 16;
-  auto tile_of = [&](int task, int& rb) -> const QMat& {
-    if (task < routed) {
-      rb = __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe;
-      return m.gate_up;
-    }
-    rb = task - routed;
-    return m.shared_gate_up;
-  };
-  int task = blockIdx.x, rb = 0;
-  MmaTiles<GPW> next;
-  // tile_of sets rb: called before load reads it (argument order is unspecified).
-  auto load_task = [&](MmaTiles<GPW>& tiles, int t) {
-    const QMat& W = tile_of(t, rb);
-    tiles.load(W, rb, g0, G, lane);
-  };
-  if (task < n_tasks) load_task(next, task);
-  for (int it = 0; task < n_tasks; task += gridDim.x, ++it) {
+  auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
+  int task = blockIdx.x;
+  if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
+  for (const int first = it; task < routed; task += grid) {
     const MmaTiles<GPW> cur = next;
-    const int nt = task + gridDim.x;
-    if (nt < n_tasks) load_task(next, nt);
-    float y0 = 0.0f, y1 = 0.0f;
-    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
-    if (it == 0) timeline_mark(1);
-    put_rows16(red[it & 1], y0, y1);
-    __syncthreads();
-    if (threadIdx.x < 8) {
-      const float g = row_total(red[it & 1], threadIdx.x), u = row_total(red[it & 1], threadIdx.x + 8);
-      const int out = task < routed ? (task / rbe) * I + 8 * (task % rbe) : k * I + 8 * (task - routed);
-      act[out + threadIdx.x] = siluf_(g) * u;
-    }
+    if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
+    finish(cur, (task / rbe) * I + 8 * (task % rbe));
+    if (it == first + 1) timeline_mark(1);
   }
   decode_trigger();
 }

@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   const int H = m.gate_up.cols, G = H / 64, I = m.inter, Is = m.shared_inter;
   const int cols3 = k * I + Is, P = cols3 / 64, n_rb = H / 16;
   unsigned char* base = reinterpret_cast<unsigned char*>(smem_u4);
-  float* logits = reinterpret_cast<float*>(base + stage_region_bytes(H, cols3));  // [E + 1], then p [E]
-  float* p = logits + E + 1;
+  float* logits = reinterpret_cast<float*>(base + stage_region_bytes(H, cols3));  // [E + 1]
   Fixed& f = *reinterpret_cast<Fixed*>(base + stage_region_bytes(H, cols3) + route_smem_bytes(E));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g0 = warp * GPW;
   GridBarrier bar{s.sync};
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   if (warp == 0) {  // the logits come from every block: through L2
     for (int e = lane; e <= E; e += 32) logits[e] = __ldcg(s.logits + e);
     __syncwarp();
-    route_topk(logits, E, k, norm_topk != 0, p, f.ids, f.w, f.w + k);
+    route_topk(logits, E, k, norm_topk != 0, f.ids, f.w, f.w + k);
   }
   __syncthreads();
   if (blockIdx.x == 0 && threadIdx.x <= k) {
@@ -226,6 +225,7 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
   if (m.gate_up.rows != E * 2 * I || m.down.rows != E * H || m.down.cols != I || m.shared_gate_up.rows != 2 * Is ||
       m.shared_down.cols != Is)
     fail("moe_fused: expert matrix shapes do not match E, I, Is and the hidden size");
+  if (E > kRouteMaxExperts) fail("moe_fused: more than ", std::to_string(kRouteMaxExperts), " experts");
   if (k < 1 || k > kMaxTopK || k > E) fail("moe_fused: top_k must be in [1, ", std::to_string(kMaxTopK), "] and <= E");
   if (!s.logits || !s.ids || !s.weights || !s.shared_gate || !s.act || !s.sync || !h)
     fail("moe_fused: missing scratch or output pointer");

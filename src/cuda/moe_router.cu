@@ -12,8 +12,10 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up); 544 threads
-// leave the row walk its ~120 registers.
+// One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up). Capped at 64
+// registers (stage_x holds one slot per thread), so that one gate/up block (256 threads of
+// <= 104) fits beside a 544-thread router block: gate/up is launched while the router's
+// block 0 routes, and without room its blocks on those 16 multiprocessors start ~1.2 µs late.
 constexpr int kMaxWarps = 17;
 constexpr int kMaxTopK = 16;
 
@@ -21,13 +23,12 @@ constexpr int kMaxTopK = 16;
 // then every C*warps rows after. Lane 0 stores each logit straight into block 0's shared
 // memory; after one cluster barrier block 0 routes from there. (A grid of blocks would
 // need a fence, a counter and an L2 re-read of the logits by the last block instead.)
-// Shared memory: logits [E + 1] and p [E] (block 0's routing), then the staged x.
+// Shared memory: logits [E + 1] (block 0's routing), then the staged x.
 template <int BITS, int U>
-__global__ void __launch_bounds__(kMaxWarps * 32)
+__global__ void __maxnreg__(64)
     router_kernel(QMat W, XSpec X, int E, int k, int norm_topk, RouterOut out, const int* halt) {
   extern __shared__ float4 smem[];
   float* logits = reinterpret_cast<float*>(smem);
-  float* p = logits + E + 1;
   float4* xs = smem + route_smem_bytes(E) / 16;
   float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
   float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   walk.prefetch(W_of, rows_of, lane);
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
-  stage_x<BITS>(X, W.cols, xs, xsum, scratch);
+  stage_x<BITS, 1>(X, W.cols, xs, xsum, scratch);  // 544 threads: one slot each at H = 2048
   timeline_mark(0);
   cluster_wait();  // block 0 has started: its shared memory may be written
   float* logits0 = cluster.map_shared_rank(logits, 0);
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   cluster.sync();  // release/acquire: block 0 sees every logit
   timeline_mark(1);
   if (rank != 0) return;
-  if (warp == 0) route_topk(logits, E, k, norm_topk != 0, p, out.ids, out.weights, out.shared_gate);
+  if (warp == 0) route_topk(logits, E, k, norm_topk != 0, out.ids, out.weights, out.shared_gate);
   if (out.logits)
     for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
 }
@@ -77,6 +78,7 @@ void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool no
   if (W.rows != n_experts + 1) fail("moe_router: W must hold E router rows plus the shared-expert gate row");
   if (max_cluster < 1 || max_cluster > kRouterMaxCluster)
     fail("moe_router: max_cluster must be in [1, ", std::to_string(kRouterMaxCluster), "]");
+  if (n_experts > kRouteMaxExperts) fail("moe_router: more than ", std::to_string(kRouteMaxExperts), " experts");
   if (top_k < 1 || top_k > kMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
   if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);

@@ -20,41 +20,60 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-// Bytes of route_topk's shared memory, logits [E + 1] then p [E], rounded up to 16 (what
-// a kernel places after them stays 16-byte aligned).
-__host__ __device__ constexpr int route_smem_bytes(int E) { return ((2 * E + 1) * 4 + 15) / 16 * 16; }
+// Bytes of route_topk's shared memory, logits [E + 1], rounded up to 16 (what a kernel
+// places after them stays 16-byte aligned).
+__host__ __device__ constexpr int route_smem_bytes(int E) { return ((E + 1) * 4 + 15) / 16 * 16; }
 
-// Softmax over logits[0..E) and top-k (warp reductions only; k <= 32): ids[j], w[j] for j < k
-// (w renormalised over the k when norm_topk, else softmax probabilities), and
-// *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared memory; p: E floats of
-// shared scratch holding exp(l - max), taken experts marked -1.
-__device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, float* p, int* ids, float* w,
-                                  float* shared_gate) {
+// route_topk for E <= 32 * EPL: lane l holds p of experts l + 32i in registers and keeps
+// the key of its best untaken one, so a round is two warp reductions and a rescan by the
+// lane that lost its best.
+template <int EPL>
+__device__ void route_topk_lanes(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
+                                 float* shared_gate) {
   const int lane = threadIdx.x & 31;
   float m = -FLT_MAX;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
+#pragma unroll
+  for (int i = 0; i < EPL; ++i)
+    if (lane + 32 * i < E) m = fmaxf(m, logits[lane + 32 * i]);
   m = warp_max(m);
-  float z = 0.0f;
-  for (int e = lane; e < E; e += 32) z += p[e] = __expf(logits[e] - m);
+  float p[EPL], z = 0.0f;
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) {
+    p[i] = lane + 32 * i < E ? __expf(logits[lane + 32 * i] - m) : -1.0f;
+    if (lane + 32 * i < E) z += p[i];
+  }
   z = warp_sum(z);
+  // A key is p's bits + 1 (p >= 0, so keys order as p does); taken experts (bit i of
+  // taken), NaN and lanes past E (p = -1) get key 0. Ascending i: ties keep the lower id.
+  unsigned key, id, taken = 0u;
+  auto lane_best = [&] {
+    key = 0;
+    id = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      const unsigned ki = p[i] >= 0.0f && !((taken >> i) & 1u) ? __float_as_uint(p[i]) + 1u : 0u;
+      if (ki > key) {
+        key = ki;
+        id = lane + 32 * i;
+      }
+    }
+  };
+  lane_best();
   float chosen_sum = 0.0f, chosen_p = 0.0f;
   int chosen_i = 0;
-  // Each round: the lane's best (key, id), then two warp reductions (redux.sync). A key
-  // is p's bits + 1 (p >= 0, so keys order as p does); taken experts (-1) get key 0.
   for (int j = 0; j < k; ++j) {
-    unsigned key = 0, id = 0xffffffffu;
-    for (int e = lane; e < E; e += 32) {
-      const float v = p[e];
-      const unsigned ke = v >= 0.0f ? __float_as_uint(v) + 1u : 0u;
-      if (ke > key) { key = ke; id = e; }  // ascending e: ties keep the lower id
-    }
     const unsigned best = __reduce_max_sync(0xffffffffu, key);
     const unsigned first = __reduce_min_sync(0xffffffffu, key == best ? id : 0xffffffffu);
     const int i = best ? static_cast<int>(first) : 0;  // best == 0: only NaN left (memory-safe garbage)
     const float v = best ? __uint_as_float(best - 1u) : 0.0f;
-    if (lane == j) { chosen_p = v; chosen_i = i; }
-    if (lane == (i & 31)) p[i] = -1.0f;
-    __syncwarp();
+    if (lane == j) {
+      chosen_p = v;
+      chosen_i = i;
+    }
+    if (best && lane == (i & 31)) {
+      taken |= 1u << (i >> 5);
+      lane_best();
+    }
     chosen_sum += v;
   }
   if (lane < k) {
@@ -62,6 +81,17 @@ __device__ inline void route_topk(const float* logits, int E, int k, bool norm_t
     w[lane] = chosen_p / (norm_topk ? chosen_sum : z);
   }
   if (lane == 0) *shared_gate = sigmoidf_(logits[E]);
+}
+
+// Softmax over logits[0..E) and top-k by one warp (E <= kRouteMaxExperts, k <= 32):
+// ids[j], w[j] for j < k (w renormalised over the k when norm_topk, else softmax
+// probabilities), and *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared
+// memory. Ties go to the lower id (the CPU reference's rule).
+constexpr int kRouteMaxExperts = 512;
+__device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
+                                  float* shared_gate) {
+  if (E <= 256) route_topk_lanes<8>(logits, E, k, norm_topk, ids, w, shared_gate);
+  else route_topk_lanes<kRouteMaxExperts / 32>(logits, E, k, norm_topk, ids, w, shared_gate);
 }
 
 }  // namespace lily::cuda

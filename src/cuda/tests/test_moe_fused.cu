@@ -174,10 +174,13 @@ void test_halt(const Block& b) {
   CK(cudaMemcpy(b.out.ids, junk.data(), b.k * sizeof(int), cudaMemcpyHostToDevice));
   float* h3h = to_dev(b.h0);
   int* pos3 = to_dev(std::vector<int>{9});
+  CK(cudaMemset(b.act3, 0xFF, (b.k * b.I + b.Is) * sizeof(float)));
   b.three(h3h, pos3, halt, 0);
   CK(cudaGetLastError());
-  expect("  halt: three launches over unwritten expert ids leave h and pos untouched",
-         same_bits(from_dev(h3h, b.H), b.h0) && from_dev(pos3, 1)[0] == 9);
+  const auto a3 = from_dev(b.act3, b.k * b.I + b.Is);  // gate/up's shared rows come before its wait
+  expect("  halt: three launches over unwritten expert ids leave h, pos and act untouched",
+         same_bits(from_dev(h3h, b.H), b.h0) && from_dev(pos3, 1)[0] == 9 &&
+             std::all_of(a3.begin(), a3.end(), [](float v) { return std::isnan(v); }));
   cudaFree(h3h), cudaFree(pos3);
   CK(cudaMemset(halt, 0, sizeof(int)));
   float* h3 = to_dev(b.h0);
