@@ -202,14 +202,14 @@ __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
 // receives each final slot. emit is called by all
 // threads the same number of times (ok = false past the end), so it may shuffle within
 // aligned groups of up to 32 consecutive slots. Ends with a barrier.
-// A thread's first HELD slots are loaded together with their norm weights and kept in
+// A thread's first kHeld slots are loaded together with their norm weights and kept in
 // registers, so x and the norm weight arrive in one memory round trip (cols <= 4096 at
-// 256 threads with HELD = 4), not one before and one after the block reduction; a kernel
-// short of registers holds fewer (8 per slot). x (in global memory)
+// 256 threads), not one before and one after the block reduction. x (in global memory)
 // is read through L2 (ld.cg), so a kernel may build x before its PDL wait when the kernel
 // that wrote it has completed (device_common.cuh).
-template <int HELD = 4, typename Emit>
+template <typename Emit>
 __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, Emit emit) {
+  constexpr int kHeld = 4;
   const int n4 = cols / 4, tid = threadIdx.x, nt = blockDim.x;
   const bool rms = X.mode == XMode::RmsNorm || X.mode == XMode::EmbedRmsNorm;
 
@@ -226,9 +226,9 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
 
   // Pass A: raw values (and sums of squares), all loads of the held slots first; only the
   // slots past them go through shared memory (raw).
-  float4 held_v[HELD], held_w[HELD];
+  float4 held_v[kHeld], held_w[kHeld];
 #pragma unroll
-  for (int i = 0; i < HELD; ++i) {
+  for (int i = 0; i < kHeld; ++i) {
     const int f = tid + i * nt;
     if (f < n4) {
       held_v[i] = raw_value(f);
@@ -237,9 +237,9 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int i = 0; i < HELD; ++i)
+  for (int i = 0; i < kHeld; ++i)
     if (tid + i * nt < n4) ss += square_sum(held_v[i]);
-  for (int f = tid + HELD * nt; f < n4; f += nt) {
+  for (int f = tid + kHeld * nt; f < n4; f += nt) {
     const float4 v = raw_value(f);
     ss += square_sum(v);
     raw[xs_pos(f)] = v;
@@ -255,13 +255,13 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
     return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
   };
 #pragma unroll
-  for (int i = 0; i < HELD; ++i) {
+  for (int i = 0; i < kHeld; ++i) {
     if (i * nt >= n4) break;
     const int f = tid + i * nt;
     const bool ok = f < n4;
     emit(f, ok, ok ? finish(held_v[i], held_w[i]) : make_float4(0.f, 0.f, 0.f, 0.f));
   }
-  for (int base = HELD * nt; base < n4; base += nt) {
+  for (int base = kHeld * nt; base < n4; base += nt) {
     const int f = base + tid;
     const bool ok = f < n4;
     emit(f, ok, ok ? finish(raw[xs_pos(f)], norm_w(f)) : make_float4(0.f, 0.f, 0.f, 0.f));
@@ -270,10 +270,10 @@ __device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, E
 }
 
 // Stages x for the fp32 dot: pre-scaled, swizzled, with its chunk sums (in place).
-template <int BITS, int HELD = 4>
+template <int BITS>
 __device__ void stage_x(const XSpec& X, int cols, float4* xs, float* xsum, float* scratch) {
   constexpr int S = slots_per_chunk<BITS>();
-  build_x<HELD>(X, cols, xs, scratch, [&](int f, bool ok, float4 v) {
+  build_x(X, cols, xs, scratch, [&](int f, bool ok, float4 v) {
     float s = v.x + v.y + v.z + v.w;
 #pragma unroll
     for (int o = 1; o < S; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);

@@ -12,10 +12,8 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up). Capped at 64
-// registers (stage_x holds one slot per thread), so that one gate/up block (256 threads of
-// <= 104) fits beside a 544-thread router block: gate/up is launched while the router's
-// block 0 routes, and without room its blocks on those 16 multiprocessors start ~1.2 µs late.
+// One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up); 544 threads
+// leave the row walk its ~120 registers.
 constexpr int kMaxWarps = 17;
 constexpr int kMaxTopK = 16;
 
@@ -25,7 +23,7 @@ constexpr int kMaxTopK = 16;
 // need a fence, a counter and an L2 re-read of the logits by the last block instead.)
 // Shared memory: logits [E + 1] (block 0's routing), then the staged x.
 template <int BITS, int U>
-__global__ void __maxnreg__(64)
+__global__ void __launch_bounds__(kMaxWarps * 32)
     router_kernel(QMat W, XSpec X, int E, int k, int norm_topk, RouterOut out, const int* halt) {
   extern __shared__ float4 smem[];
   float* logits = reinterpret_cast<float*>(smem);
@@ -41,7 +39,7 @@ __global__ void __maxnreg__(64)
   walk.prefetch(W_of, rows_of, lane);
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
-  stage_x<BITS, 1>(X, W.cols, xs, xsum, scratch);  // 544 threads: one slot each at H = 2048
+  stage_x<BITS>(X, W.cols, xs, xsum, scratch);
   timeline_mark(0);
   cluster_wait();  // block 0 has started: its shared memory may be written
   float* logits0 = cluster.map_shared_rank(logits, 0);
