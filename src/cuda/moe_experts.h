@@ -18,9 +18,9 @@ struct MoeExperts {
 };
 
 // act: [k * I + Is] fp32. ids: [k] expert ids on the device.
-// The tensor-core kernel builds x (from X.x = h, and the norm weight) before the wait on
-// the kernel launched just before (PDL: the router), which must therefore not write h;
-// the ids are read after it.
+// The tensor-core kernel builds x (from X.x = h, and the norm weight) and writes the shared
+// expert's part of act before the wait on the kernel launched just before (PDL: the
+// router), which must therefore not write h nor touch act; the ids are read after it.
 void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
                  cudaStream_t stream);
 
