@@ -4,8 +4,9 @@ BENCHMARK.md's contract: prompt token i = ((i * 2654435761) mod 2^32) mod vocab,
 run at the exact shape, then one prefill and 64 decode steps timed from the first
 generated token to the 64th after it. Random routing is close to uniform.
 Usage: python benchmarks/ops/cuda_decode.py [--contexts 512,4096] [--steps 64] [--experts N] [--json OUT]
---experts N builds the model with N experts instead of 256: the same bytes per token from a
-smaller footprint (what the footprint itself costs: page translations, DRAM locality).
+--experts N builds the model with N experts instead of 256: the same expert bytes per token
+(the router's rows scale with N, ~1 % of them at 256) from a smaller footprint (what the
+footprint itself costs: page translations, DRAM locality).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     config = synthetic.config_35b()
-    if args.experts:
+    if args.experts is not None:
+        if not config["num_experts_per_tok"] <= args.experts <= 512:
+            ap.error(f"--experts must be in [{config['num_experts_per_tok']}, 512], got {args.experts}")
         config["num_experts"] = args.experts
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"

@@ -16,7 +16,8 @@ constexpr int kMaxStopIds = 64;
 
 #ifdef LILY_CUDA_TIMELINE
 // A measurement build (CMake option LILY_CUDA_TIMELINE=ON): block 0 of every decode kernel appends
-// when it started and when its PDL wait returned (%globaltimer, ns), in launch order. The
+// when it started (reached wait_halted: gate/up computes the shared expert before that)
+// and when its PDL wait returned (%globaltimer, ns), in launch order. The
 // wait of kernel N+1 returns when kernel N has completed, so the differences of `released`
 // are the time each kernel adds to the step (benchmarks/ops/decode_timeline.py). Every
 // kernel given a halt pointer must then be given &DecodeCtl::halt (the engine does; the

@@ -6,6 +6,9 @@
 
 namespace lily::cuda {
 
+// The most experts, and routed experts per token, any MoE kernel takes (decode and prefill).
+constexpr int kMoeMaxExperts = 512, kMoeMaxTopK = 16;
+
 // A quantized matrix as the kernels read it: row-major in MLX code order, or tiled for
 // the tensor-core GEMV (then rows are padded to 16 and chunks()/groups() do not apply).
 struct QMat {

@@ -143,12 +143,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int grid = static_cast<int>(gridDim.x);
   const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
   int it = 0;  // row blocks done: red[it & 1] alternates between them
-  auto finish = [&](const MmaTiles<GPW>& tiles, int out) {
+  // SiLU(gate) * up of one row block into act[out, out + 8); mark: the first routed one.
+  auto finish = [&](const MmaTiles<GPW>& tiles, int out, bool mark) {
     float y0 = 0.0f, y1 = 0.0f;
     tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    if (mark) timeline_mark(1);
     put_rows16(red[it & 1], y0, y1);
     __syncthreads();
-    if (threadIdx.x < 8) act[out + threadIdx.x] = siluf_(row_total(red[it & 1], threadIdx.x)) * row_total(red[it & 1], threadIdx.x + 8);
+    if (threadIdx.x < 8) {
+      const float g = row_total(red[it & 1], threadIdx.x), u = row_total(red[it & 1], threadIdx.x + 8);
+      act[out + threadIdx.x] = siluf_(g) * u;
+    }
     ++it;
   };
 
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   for (; !halted && rb < n_shared; rb += grid) {
     const MmaTiles<GPW> cur = next;
     if (rb + grid < n_shared) next.load(m.shared_gate_up, rb + grid, g0, G, lane);
-    finish(cur, k * I + 8 * rb);
+    finish(cur, k * I + 8 * rb, false);
   }
 
   if (wait_halted(halt)) return;
@@ -172,11 +177,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
   int task = blockIdx.x;
   if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
-  for (const int first = it; task < routed; task += grid) {
+  for (; task < routed; task += grid) {
     const MmaTiles<GPW> cur = next;
     if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
-    finish(cur, (task / rbe) * I + 8 * (task % rbe));
-    if (it == first + 1) timeline_mark(1);
+    finish(cur, (task / rbe) * I + 8 * (task % rbe), task == static_cast<int>(blockIdx.x));
   }
   decode_trigger();
 }
@@ -293,8 +297,10 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
                  cudaStream_t stream) {
   check_shapes(m, top_k);
   if (tiled(m)) {
-    const int H = m.gate_up.cols, tasks = top_k * 2 * m.inter / 16 + 2 * m.shared_inter / 16;
-    const int grid = std::min(tasks, 2 * sm_count());
+    // Routed and shared row blocks come on either side of the wait: a block per row block
+    // of the larger set, at most two per SM.
+    const int H = m.gate_up.cols, routed = top_k * 2 * m.inter / 16, shared = 2 * m.shared_inter / 16;
+    const int grid = std::min(std::max(routed, shared), 2 * sm_count());
     with_groups_per_warp(H, kWarps, "moe_gate_up", [&](auto gpw) {
       launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H),
              stream, m, X, ids, top_k, act, halt);

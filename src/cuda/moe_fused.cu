@@ -225,7 +225,7 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
   if (m.gate_up.rows != E * 2 * I || m.down.rows != E * H || m.down.cols != I || m.shared_gate_up.rows != 2 * Is ||
       m.shared_down.cols != Is)
     fail("moe_fused: expert matrix shapes do not match E, I, Is and the hidden size");
-  if (E > kRouteMaxExperts) fail("moe_fused: more than ", std::to_string(kRouteMaxExperts), " experts");
+  if (E > kMoeMaxExperts) fail("moe_fused: more than ", std::to_string(kMoeMaxExperts), " experts");
   if (k < 1 || k > kMaxTopK || k > E) fail("moe_fused: top_k must be in [1, ", std::to_string(kMaxTopK), "] and <= E");
   if (!s.logits || !s.ids || !s.weights || !s.shared_gate || !s.act || !s.sync || !h)
     fail("moe_fused: missing scratch or output pointer");

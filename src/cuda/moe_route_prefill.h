@@ -18,8 +18,6 @@
 
 namespace lily::cuda {
 
-constexpr int kMoeMaxExperts = 512, kMoeMaxTopK = 16;
-
 struct MoeRouteArgs {
   QMat router;               // [E + 1, H] MLX row layout (not tiled), 4 or 8 bits; row E: shared-expert gate
   const float* x = nullptr;  // [T, H] fp32 (H = router.cols), 16-byte aligned

@@ -76,7 +76,7 @@ void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool no
   if (W.rows != n_experts + 1) fail("moe_router: W must hold E router rows plus the shared-expert gate row");
   if (max_cluster < 1 || max_cluster > kRouterMaxCluster)
     fail("moe_router: max_cluster must be in [1, ", std::to_string(kRouterMaxCluster), "]");
-  if (n_experts > kRouteMaxExperts) fail("moe_router: more than ", std::to_string(kRouteMaxExperts), " experts");
+  if (n_experts > kMoeMaxExperts) fail("moe_router: more than ", std::to_string(kMoeMaxExperts), " experts");
   if (top_k < 1 || top_k > kMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
   if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);

@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "device_common.cuh"
+#include "kernel_types.h"
 
 namespace lily::cuda {
 
@@ -83,15 +84,15 @@ __device__ void route_topk_lanes(const float* logits, int E, int k, bool norm_to
   if (lane == 0) *shared_gate = sigmoidf_(logits[E]);
 }
 
-// Softmax over logits[0..E) and top-k by one warp (E <= kRouteMaxExperts, k <= 32):
+// Softmax over logits[0..E) and top-k by one warp (E <= kMoeMaxExperts, k <= 32):
 // ids[j], w[j] for j < k (w renormalised over the k when norm_topk, else softmax
 // probabilities), and *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared
 // memory. Ties go to the lower id (the CPU reference's rule).
-constexpr int kRouteMaxExperts = 512;
+static_assert(kMoeMaxExperts <= 32 * 32, "route_topk_lanes marks a lane's taken experts in 32 bits");
 __device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
                                   float* shared_gate) {
   if (E <= 256) route_topk_lanes<8>(logits, E, k, norm_topk, ids, w, shared_gate);
-  else route_topk_lanes<kRouteMaxExperts / 32>(logits, E, k, norm_topk, ids, w, shared_gate);
+  else route_topk_lanes<kMoeMaxExperts / 32>(logits, E, k, norm_topk, ids, w, shared_gate);
 }
 
 }  // namespace lily::cuda

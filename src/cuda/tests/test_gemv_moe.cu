@@ -220,6 +220,7 @@ void run_gemv_moe_tests() {
   test_moe(2048, 64, 8, 512, 512, 13);   // Qwen3.6-35B-A3B widths (64 of its 256 experts)
   test_moe(2048, 256, 8, 512, 512, 14);  // all 256: one router row per warp of the cluster
   test_moe(256, 512, 10, 64, 64, 15);    // 513 router rows: several per warp
+  test_moe(256, 300, 8, 64, 64, 16);     // E past 256 and not a multiple of 32 (16 per lane, some lanes short)
   // Tensor-core path (tiled weights), the same shapes.
   test_gemv(4, 64, 1, 128, XMode::Plain, YMode::Store, 101, true);
   test_gemv(4, 64, 7, 384, XMode::RmsNorm, YMode::Add, 102, true);
