@@ -69,5 +69,6 @@ void add_prefill_ops(std::vector<Op>& ops);       // prefill_ops.cu
 void add_prefill_gemm_ops(std::vector<Op>& ops);  // prefill_gemm_ops.cu
 void add_probe_ops(std::vector<Op>& ops);         // launch_probes.cu
 void add_phase_probe_ops(std::vector<Op>& ops);   // phase_probes.cu
+void add_release_probe_ops(std::vector<Op>& ops); // release_probes.cu
 
 }  // namespace lily::bench

@@ -136,6 +136,7 @@ int run(const Options& o) {
   std::vector<Op> all, ops;
   add_probe_ops(all);
   add_phase_probe_ops(all);
+  add_release_probe_ops(all);
   add_decode_ops(all);
   add_prefill_ops(all);
   add_prefill_gemm_ops(all);
