@@ -22,8 +22,8 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_gated_norm_kernel(GdnGatedNor
   const float4 z = active ? reinterpret_cast<const float4*>(a.z + static_cast<size_t>(t) * a.ldz + h * a.Dv)[lane] : zero;
   const float inv = rsqrtf(warp_sum(o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w) / a.Dv + a.eps);
   if (active) {
-    const uint32_t lo = to_bf16_bits(o.x * inv * w.x * siluf_(z.x)) | uint32_t(to_bf16_bits(o.y * inv * w.y * siluf_(z.y))) << 16;
-    const uint32_t hi = to_bf16_bits(o.z * inv * w.z * siluf_(z.z)) | uint32_t(to_bf16_bits(o.w * inv * w.w * siluf_(z.w))) << 16;
+    const uint32_t lo = pack_bf16(o.x * inv * w.x * siluf_(z.x), o.y * inv * w.y * siluf_(z.y));
+    const uint32_t hi = pack_bf16(o.z * inv * w.z * siluf_(z.z), o.w * inv * w.w * siluf_(z.w));
     reinterpret_cast<uint2*>(a.out + static_cast<size_t>(row) * a.Dv)[lane] = make_uint2(lo, hi);
   }
   pdl_trigger();

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_rows_kernel(const float* h, 
     const float4 g = reinterpret_cast<const float4*>(w)[f];
     const float4 y = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z, v[i].w * inv * g.w);
     reinterpret_cast<uint2*>(xb + row * H)[f] =
-        make_uint2(to_bf16_bits(y.x) | (uint32_t(to_bf16_bits(y.y)) << 16), to_bf16_bits(y.z) | (uint32_t(to_bf16_bits(y.w)) << 16));
+        make_uint2(pack_bf16(y.x, y.y), pack_bf16(y.z, y.w));
     if (xf) reinterpret_cast<float4*>(xf + row * H)[f] = y;
   }
   pdl_trigger();
