@@ -43,15 +43,16 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
   decode_trigger();
 }
 
-// Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its warps
-// split the groups (GPW each) and meet in shared memory; the next row block's tiles are
-// loaded while this one is computed, the first before the wait on the previous kernel.
-template <int GPW>
-__global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
+// Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its WARPS
+// warps split the groups (GPW each) and meet in shared memory; the next row block's tiles
+// are loaded while this one is computed, the first before the wait on the previous kernel.
+// Two blocks of 8 warps or one of 16 fill a multiprocessor.
+template <int WARPS, int GPW>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
   const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
-  __shared__ float red[2][kWarps][16];
+  __shared__ float red[2][WARPS][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
@@ -79,18 +80,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_mma_kernel(QMat W, XSpec 
   decode_trigger();
 }
 
-template <int GPW>
+template <int WARPS, int GPW>
 void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
-  auto kernel = gemv_mma_kernel<GPW>;
+  auto kernel = gemv_mma_kernel<WARPS, GPW>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, 24 * 1024), "gemv: occupancy");
     return std::max(n, 1);
   }();
   const int n_rb = (W.rows + 15) / 16;
   const int grid = std::min(n_rb, blocks_per_sm * sm_count());
-  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
+  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(WARPS * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
 }
 
 template <int BITS, int R, int U>
@@ -133,7 +134,12 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
   if (W.tiled) {
-    with_groups_per_warp(W.cols, kWarps, "gemv", [&](auto gpw) { launch_gemv_mma<gpw>(W, X, Y, halt, stream); });
+    // One row block per multiprocessor or fewer (the out-projections): a block of 16 warps,
+    // twice the loads in flight behind each multiprocessor's tiles.
+    if ((W.rows + 15) / 16 <= sm_count())
+      with_groups_per_warp(W.cols, 16, "gemv", [&](auto gpw) { launch_gemv_mma<16, gpw>(W, X, Y, halt, stream); });
+    else
+      with_groups_per_warp(W.cols, kWarps, "gemv", [&](auto gpw) { launch_gemv_mma<kWarps, gpw>(W, X, Y, halt, stream); });
   } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
   else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);
   else fail("gemv: ", std::to_string(W.bits), "-bit weights are not supported (4 or 8)");

@@ -185,10 +185,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   decode_trigger();
 }
 
-// Tensor-core down + combine: task = 16 output rows; warps take (slot, group) pairs p
-// (the concatenated activations' groups), U each, loaded before the activations are staged.
-template <int U>
-__global__ void __launch_bounds__(kWarps * 32)
+// Tensor-core down + combine: task = 16 output rows; the WARPS warps take (slot, group)
+// pairs p (the concatenated activations' groups), U each, loaded before the activations
+// are staged (moe_down_warps picks WARPS).
+template <int WARPS, int U>
+__global__ void __launch_bounds__(WARPS * 32)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
                     int k, float* h, int* pos_inc, const int* halt) {
   extern __shared__ uint4 smem_u4[];
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   uint4* xf = smem_u4;
   float* xsum = reinterpret_cast<float*>(xf + cols / 4);
   float* raw = xsum + (P + 3) / 4 * 4;
-  __shared__ float red[2][kWarps][16];
+  __shared__ float red[2][WARPS][16];
   __shared__ int s_ids[16];
   __shared__ float s_w[17];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   auto load = [&](int rb) {
 #pragma unroll
     for (int i = 0; i < U; ++i) {
-      const int p = warp + kWarps * i;
+      const int p = warp + WARPS * i;
       if (p < P) {
         const bool shared = p >= k * gI;
         const int slot = shared ? k : p / gI, gi = shared ? p - k * gI : p - slot * gI;
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < U; ++i) {
-      const int p = warp + kWarps * i;
+      const int p = warp + WARPS * i;
       if (p < P) {
         const float2 v = group_mma(c[i], xf, p, lane);
         const float wgt = s_w[p >= k * gI ? k : p / gI], xs = xsum[p];
@@ -289,6 +290,8 @@ void launch_down(const MoeExperts& m, const float* act, const int* ids, const fl
 
 }  // namespace
 
+int moe_down_warps(int hidden) { return hidden / 16 <= sm_count() ? 16 : kWarps; }
+
 bool tiled(const MoeExperts& m) {
   return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
 }
@@ -317,18 +320,26 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
   check_shapes(m, top_k);
   if (tiled(m)) {
     const int H = m.shared_down.rows, cols = top_k * m.inter + m.shared_inter;
-    const int pairs = top_k * (m.inter / 64) + m.shared_inter / 64, u = (pairs + kWarps - 1) / kWarps;
-    const int grid = std::min(H / 16, 2 * sm_count());
+    const int pairs = top_k * (m.inter / 64) + m.shared_inter / 64, n_rb = H / 16;
+    const int warps = moe_down_warps(H), u = (pairs + warps - 1) / warps;
+    const int grid = std::min(n_rb, 2 * sm_count());
     const size_t smem = stage_mma_bytes(cols);
     if (smem > 48 * 1024) fail("moe_down: expert width too large for the staged activations");
-#define LILY_DN(N)                                                                                                  \
-  launch("moe_down (tensor cores)", down_mma_kernel<N>, dim3(grid), dim3(kWarps * 32), smem, stream, m, act, ids, \
+    if (u > 10)
+      fail("moe_down: more than ", std::to_string(10 * warps), " (slot, group) pairs are not supported with tiled weights");
+#define LILY_DN(W, N)                                                                                                  \
+  launch("moe_down (tensor cores)", down_mma_kernel<W, N>, dim3(grid), dim3(W * 32), smem, stream, m, act, ids, \
          weights, shared_gate, top_k, h, pos_inc, halt)
-    if (u <= 1) LILY_DN(1);
-    else if (u <= 2) LILY_DN(2);
-    else if (u <= 5) LILY_DN(5);
-    else if (u <= 10) LILY_DN(10);
-    else fail("moe_down: more than 80 (slot, group) pairs are not supported with tiled weights");
+#define LILY_DN_U(W)             \
+  if (u <= 2) LILY_DN(W, 2);     \
+  else if (u <= 5) LILY_DN(W, 5); \
+  else LILY_DN(W, 10)
+    if (warps == 16) {
+      LILY_DN_U(16);
+    } else {
+      LILY_DN_U(8);
+    }
+#undef LILY_DN_U
 #undef LILY_DN
     return;
   }

@@ -5,6 +5,7 @@
 
 #include "gemv_core.cuh"
 #include "grid_barrier.cuh"
+#include "moe_experts.h"
 #include "moe_topk.cuh"
 #include "qmma.cuh"
 
@@ -16,10 +17,12 @@ constexpr int kMaxTopK = 16;
 constexpr int kBlocksPerSm = 2;          // more blocks: more loads in flight per phase
 constexpr size_t kMaxSmem = 64 * 1024;   // occupancy is queried at this size (a lower bound)
 
+constexpr int kMaxDownWarps = 16;  // moe_down's widest block (moe_down_warps)
+
 // Shared memory: one staging region reused by the phases (router x, then the gate/up x
 // fragments, then the activation fragments), then the routing scratch.
 struct Fixed {
-  float red[2][kWarps][16];
+  float red[2][kMaxDownWarps][16];
   int ids[kMaxTopK];
   float w[kMaxTopK + 1];
 };
@@ -39,8 +42,9 @@ __host__ __device__ constexpr size_t fused_smem_bytes(int H, int cols3, int E) {
 // task = 16-row block (8 gate + 8 up rows), warps split the groups GPW each, as
 // moe_gate_up; shared-expert tasks first so that their tiles can be loaded before the
 // routing is known. Down: task = 16 output rows, warps take (slot, group) pairs, DU
-// each, as moe_down.
-template <int GPW, int DU>
+// each; warp w keeps V sums (pairs w + 8v, w + 8v + 8V, ...), so that the row totals over
+// the 8V sums add the pairs in moe_down's order with its 8V warps (moe_down_warps).
+template <int GPW, int DU, int V>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     moe_fused_kernel(QMat R, MoeExperts m, XSpec X, int E, int k, int norm_topk, MoeFusedScratch s, float* h,
                      int* pos_inc, const int* halt) {
@@ -172,28 +176,31 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   }
   const float* xsum3 = reinterpret_cast<const float*>(xf + cols3 / 4);
   for (int it = 0; rb3 < n_rb; rb3 += gridDim.x, ++it) {
-    float y0 = 0.0f, y1 = 0.0f;
+    float y0[V] = {}, y1[V] = {};
 #pragma unroll
     for (int i = 0; i < DU; ++i) {
       const int pr = warp + kWarps * i;
       if (pr < P) {
         const float2 v = group_mma(c[i], xf, pr, lane);
         const float wgt = f.w[pr >= k * gI ? k : pr / gI], xs = xsum3[pr];
-        y0 = fmaf(wgt, group_term(s0[i], v.x, xs), y0);
-        y1 = fmaf(wgt, group_term(s1[i], v.y, xs), y1);
+        y0[i % V] = fmaf(wgt, group_term(s0[i], v.x, xs), y0[i % V]);
+        y1[i % V] = fmaf(wgt, group_term(s1[i], v.y, xs), y1[i % V]);
       }
     }
     if (rb3 + static_cast<int>(gridDim.x) < n_rb) load(rb3 + gridDim.x);
-    const float y = reduce_rows16(f.red[it & 1], y0, y1);
+#pragma unroll
+    for (int v = 0; v < V; ++v) put_rows16(f.red[it & 1] + kWarps * v, y0[v], y1[v]);
+    __syncthreads();
+    const float y = threadIdx.x < 16 ? row_total(f.red[it & 1], threadIdx.x, kWarps * V) : 0.0f;
     if (threadIdx.x < 16) h[rb3 * 16 + threadIdx.x] = __ldcg(h + rb3 * 16 + threadIdx.x) + y;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
 }
 
-template <int GPW, int DU>
+template <int GPW, int DU, int V>
 void launch_fused(const QMat& R, const MoeExperts& m, const XSpec& X, int E, int k, bool norm_topk,
                   const MoeFusedScratch& s, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
-  auto kernel = moe_fused_kernel<GPW, DU>;
+  auto kernel = moe_fused_kernel<GPW, DU, V>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kMaxSmem, "moe_fused: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
@@ -237,9 +244,14 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
   const int du = (cols3 / 64 + kWarps - 1) / kWarps;
   if (du > 10) fail("moe_fused: more than 80 (slot, group) pairs in the down projection are not supported");
   // GPW is moe_gate_up's choice (it sets which warp sums which groups: the same order).
+  const int dw = moe_down_warps(H);  // 8 or 16
   with_groups_per_warp(H, kWarps, "moe_fused", [&](auto gpw) {
-    if (du <= 2) launch_fused<gpw, 2>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
-    else launch_fused<gpw, 10>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+    auto go = [&](auto du) {
+      if (dw == 8) launch_fused<gpw, du, 1>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+      else launch_fused<gpw, du, 2>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+    };
+    if (du <= 2) go(std::integral_constant<int, 2>{});
+    else go(std::integral_constant<int, 10>{});
   });
 }
 

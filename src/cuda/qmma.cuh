@@ -150,7 +150,8 @@ struct MmaTiles {
 
 // Per-row totals of a 16-row block over the block's warps: every warp calls
 // put_rows16 with its (y0, y1); after a barrier, row_total(red, r) sums row r in warp
-// order (deterministic). red is [warps][16]; alternate two of them between row blocks.
+// order (deterministic). red is [warps][16] (row_total's n rows: the block's warps by
+// default); alternate two of them between row blocks.
 __device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if ((lane & 3) == 0) {
@@ -159,9 +160,9 @@ __device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1)
   }
 }
 
-__device__ __forceinline__ float row_total(const float (*red)[16], int r) {
+__device__ __forceinline__ float row_total(const float (*red)[16], int r, int n = static_cast<int>(blockDim.x >> 5)) {
   float y = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) y += red[w][r];
+  for (int w = 0; w < n; ++w) y += red[w][r];
   return y;
 }
 
