@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Which global loads of each kernel come before its PDL wait, as compiled.
+
+ptxas may schedule griddepcontrol.wait (SASS ACQBULK) above loads written before it
+(docs/cuda.md), so a kernel's early loads are only early if its SASS says so:
+
+    nvcc ... -cubin src/cuda/gemv.cu -o /tmp/gemv.cubin
+    python3 scripts/prewait_sass.py /tmp/gemv.cubin [REGEX on the kernel name]
+
+prints, per kernel, how many LDGs come before the first ACQBULK (how many of them
+non-coherent, .CONSTANT) and the first few after it. Needs cuobjdump (and nvdisasm) on PATH.
+"""
+import re
+import subprocess
+import sys
+
+
+def kernels(sass):
+    """{kernel: {"acq": whether it waits, "pre": LDGs before the first ACQBULK, "post": after}} of cuobjdump -sass text."""
+    name, rows = None, {}
+    for line in sass.splitlines():
+        if m := re.search(r"Function : (\S+)", line):
+            name = m.group(1)
+            rows[name] = {"acq": None, "pre": [], "post": []}
+        elif name and (m := re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?);", line)):
+            ins, r = m.group(1), rows[name]
+            if "ACQBULK" in ins and r["acq"] is None:
+                r["acq"] = True
+            elif ld := re.search(r"\bLDG\S*", ins):
+                (r["pre"] if r["acq"] is None else r["post"]).append(ld.group(0))
+    return rows
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    pattern = re.compile(sys.argv[2] if len(sys.argv) > 2 else ".")
+    sass = subprocess.run(["cuobjdump", "-sass", sys.argv[1]], capture_output=True, text=True, check=True).stdout
+    for name, r in kernels(sass).items():
+        if not pattern.search(name):
+            continue
+        nc = sum("CONSTANT" in k for k in r["pre"])
+        wait = "no wait" if r["acq"] is None else f"{len(r['pre'])} LDG before the wait ({nc} .nc), after: {r['post'][:3]}"
+        print(f"{name}: {wait}")
+
+
+if __name__ == "__main__":
+    main()
