@@ -16,18 +16,18 @@ import sys
 
 
 def kernels(sass):
-    """{kernel: {"acq": whether it waits, "pre": LDGs before the first ACQBULK, "post": after}} of cuobjdump -sass text."""
+    """{kernel: {"waits": bool, "pre": LDGs before its first ACQBULK, "post": after it}} of cuobjdump -sass text."""
     name, rows = None, {}
     for line in sass.splitlines():
         if m := re.search(r"Function : (\S+)", line):
             name = m.group(1)
-            rows[name] = {"acq": None, "pre": [], "post": []}
-        elif name and (m := re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?);", line)):
+            rows[name] = {"waits": False, "pre": [], "post": []}
+        elif name and (m := re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line)):
             ins, r = m.group(1), rows[name]
-            if "ACQBULK" in ins and r["acq"] is None:
-                r["acq"] = True
-            elif ld := re.search(r"\bLDG\S*", ins):
-                (r["pre"] if r["acq"] is None else r["post"]).append(ld.group(0))
+            if "ACQBULK" in ins and not r["waits"]:
+                r["waits"] = True
+            elif ld := re.search(r"\bLDG(?!DEPBAR)\S*", ins):  # LDGDEPBAR waits on cp.async groups: not a load
+                (r["post"] if r["waits"] else r["pre"]).append(ld.group(0))
     return rows
 
 
@@ -40,7 +40,7 @@ def main():
         if not pattern.search(name):
             continue
         nc = sum("CONSTANT" in k for k in r["pre"])
-        wait = "no wait" if r["acq"] is None else f"{len(r['pre'])} LDG before the wait ({nc} .nc), after: {r['post'][:3]}"
+        wait = f"{len(r['pre'])} LDG before the wait ({nc} .nc), after: {r['post'][:3]}" if r["waits"] else "no wait"
         print(f"{name}: {wait}")
 
 

@@ -29,12 +29,19 @@ def sass(*functions):
 
 def test_loads_split_at_the_first_wait():
     text = sass(
-        ("early", ["S2R R0, SR_TID.X", "LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]", "LDG.E.STRONG.GPU R8, desc[UR4][R6.64]",
-                   "ACQBULK", "LDG.E R9, desc[UR4][R6.64]", "ACQBULK", "EXIT"]),
+        ("early", ["S2R R0, SR_TID.X", "LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]", "LDGDEPBAR",
+                   "LDG.E.STRONG.GPU R8, desc[UR4][R6.64]", "ACQBULK", "LDG.E R9, desc[UR4][R6.64]", "ACQBULK", "EXIT"]),
         ("late", ["ACQBULK", "LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]", "EXIT"]),
         ("nowait", ["LDG.E R1, desc[UR4][R2.64]", "EXIT"]),
     )
     k = load_script().kernels(text)
-    assert k["early"] == {"acq": True, "pre": ["LDG.E.NA.128.CONSTANT", "LDG.E.STRONG.GPU"], "post": ["LDG.E"]}
-    assert k["late"] == {"acq": True, "pre": [], "post": ["LDG.E.NA.128.CONSTANT"]}
-    assert k["nowait"] == {"acq": None, "pre": ["LDG.E"], "post": []}
+    assert k["early"] == {"waits": True, "pre": ["LDG.E.NA.128.CONSTANT", "LDG.E.STRONG.GPU"], "post": ["LDG.E"]}
+    assert k["late"] == {"waits": True, "pre": [], "post": ["LDG.E.NA.128.CONSTANT"]}
+    assert k["nowait"] == {"waits": False, "pre": ["LDG.E"], "post": []}
+
+
+def test_offsets_past_0xffff():
+    # A long kernel's SASS offsets run to five hex digits: its late wait must still be seen.
+    body = ["NOP"] * 4096 + ["LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", "ACQBULK", "LDG.E R5, desc[UR4][R2.64]"]
+    k = load_script().kernels(sass(("long", body)))
+    assert k["long"] == {"waits": True, "pre": ["LDG.E.128.CONSTANT"], "post": ["LDG.E"]}

@@ -9,7 +9,7 @@
 //   after(B) - nothing:  the same asked for after it
 // If loads in flight held the predecessor's release back, before(B) would cost about as
 // much as after(B); if they overlap the release, before(B) is cheaper by about their time.
-// A kernel's blocks start only ~0.7 µs before its release when every kernel triggers at
+// A kernel's blocks start only ~1 µs before its release when every kernel triggers at
 // its end, so the pair "triggering at their wait" (the dependent resident while its
 // predecessor loads) gives the loads before the wait a whole predecessor to hide behind.
 #include "bench.h"

@@ -134,6 +134,10 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
   if (W.tiled) {
+    // Both block shapes take the same widths: 8 groups of 64 columns a warp of 8.
+    if (W.cols > 8 * 64 * kWarps)
+      fail("gemv: tiled weights with ", std::to_string(W.cols), " columns (more than ", std::to_string(8 * 64 * kWarps),
+           ") are not supported");
     // One row block per multiprocessor or fewer (the out-projections): a block of 16 warps,
     // twice the loads in flight behind each multiprocessor's tiles.
     if ((W.rows + 15) / 16 <= sm_count())

@@ -290,7 +290,7 @@ void launch_down(const MoeExperts& m, const float* act, const int* ids, const fl
 
 }  // namespace
 
-int moe_down_warps(int hidden) { return hidden / 16 <= sm_count() ? 16 : kWarps; }
+int moe_down_warps(int hidden) { return hidden / 16 <= sm_count() ? kMoeDownMaxWarps : kWarps; }
 
 bool tiled(const MoeExperts& m) {
   return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
@@ -334,10 +334,10 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
   if (u <= 2) LILY_DN(W, 2);     \
   else if (u <= 5) LILY_DN(W, 5); \
   else LILY_DN(W, 10)
-    if (warps == 16) {
-      LILY_DN_U(16);
+    if (warps == kMoeDownMaxWarps) {
+      LILY_DN_U(kMoeDownMaxWarps);
     } else {
-      LILY_DN_U(8);
+      LILY_DN_U(kWarps);
     }
 #undef LILY_DN_U
 #undef LILY_DN

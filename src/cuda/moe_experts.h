@@ -33,11 +33,12 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
               int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream);
 
-// Warps per block of the tensor-core moe_down for hidden size H: 16 when its H / 16 row
-// blocks fit one per multiprocessor (twice the loads in flight behind a multiprocessor's
-// bytes: 46 KB a block at 35B-A3B), else 8. Warp w sums the (slot, group) pairs
-// w, w + warps, ... and the row totals add the warps in order, so moe_fused follows it to
-// give the same bits.
+// Warps per block of the tensor-core moe_down for hidden size H: kMoeDownMaxWarps when its
+// H / 16 row blocks fit one per multiprocessor (twice the loads in flight behind a
+// multiprocessor's bytes: 41 KB a block at 35B-A3B), else 8. Warp w sums the (slot, group)
+// pairs w, w + warps, ... and the row totals add the warps in order; moe_fused's down phase
+// follows that order.
+constexpr int kMoeDownMaxWarps = 16;
 int moe_down_warps(int hidden);
 
 }  // namespace lily::cuda

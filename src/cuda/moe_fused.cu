@@ -17,12 +17,10 @@ constexpr int kMaxTopK = 16;
 constexpr int kBlocksPerSm = 2;          // more blocks: more loads in flight per phase
 constexpr size_t kMaxSmem = 64 * 1024;   // occupancy is queried at this size (a lower bound)
 
-constexpr int kMaxDownWarps = 16;  // moe_down's widest block (moe_down_warps)
-
 // Shared memory: one staging region reused by the phases (router x, then the gate/up x
 // fragments, then the activation fragments), then the routing scratch.
 struct Fixed {
-  float red[2][kMaxDownWarps][16];
+  float red[2][kMoeDownMaxWarps][16];
   int ids[kMaxTopK];
   float w[kMaxTopK + 1];
 };
@@ -244,10 +242,14 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
   const int du = (cols3 / 64 + kWarps - 1) / kWarps;
   if (du > 10) fail("moe_fused: more than 80 (slot, group) pairs in the down projection are not supported");
   // GPW is moe_gate_up's choice (it sets which warp sums which groups: the same order).
-  const int dw = moe_down_warps(H);  // 8 or 16
+  // V sums a warp reproduce moe_down's order with its V x 8 warps (Fixed::red holds them).
+  const int dw = moe_down_warps(H), V = dw / kWarps;
+  static_assert(kMoeDownMaxWarps == 2 * kWarps, "moe_fused follows moe_down with 1 or 2 sums a warp");
+  if (dw % kWarps != 0 || V < 1 || V > 2)
+    fail("moe_fused: cannot follow moe_down's order with ", std::to_string(dw), " warps a block");
   with_groups_per_warp(H, kWarps, "moe_fused", [&](auto gpw) {
     auto go = [&](auto du) {
-      if (dw == 8) launch_fused<gpw, du, 1>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
+      if (V == 1) launch_fused<gpw, du, 1>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
       else launch_fused<gpw, du, 2>(router, m, X, E, k, norm_topk, s, h, pos_inc, halt, stream);
     };
     if (du <= 2) go(std::integral_constant<int, 2>{});

@@ -236,6 +236,7 @@ void run_gemv_moe_tests() {
   test_moe(256, 16, 4, 64, 128, 111, true);
   test_moe(128, 8, 2, 64, 64, 112, true);
   test_moe(2048, 64, 8, 512, 512, 113, true);
+  test_moe(4096, 64, 8, 512, 512, 114, true);  // 256 row blocks of h: moe_down in blocks of 8 warps
 }
 
 }  // namespace lily::cuda::test
