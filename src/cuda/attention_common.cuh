@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
     if (lane == 0) total[0] = S;
   }
   __syncthreads();
+  timeline_mark(0);  // the splits' weights known
   float acc[DPL] = {};
 #pragma unroll 4
   for (int s = warp; s < n_splits; s += kAttnMergeWarps) {
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
 #pragma unroll
   for (int i = 0; i < DPL; ++i) red[warp][lane * DPL + i] = acc[i];
   __syncthreads();
+  timeline_mark(1);  // every warp's weighted sum in
   decode_trigger();
   const float* gate = a.qkv + static_cast<size_t>(hq) * 2 * D + D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {

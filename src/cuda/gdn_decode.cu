@@ -82,9 +82,11 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   if (t < C) vs[t] = conv(tv, true);
   float qk_ss[2] = {sq, sk};
   block_sums(qk_ss, red);
+  timeline_mark(0);  // conv and the q/k sums of squares done
   const float q_ss = qk_ss[0], k_ss = qk_ss[1];
   const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
   const float o = delta_rule(s, nk, kq, qs, ks, q_ss, k_ss, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+  timeline_mark(1);  // the recurrence done
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j)
     if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);

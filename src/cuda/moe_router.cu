@@ -48,9 +48,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   });
   decode_trigger();
   cluster.sync();  // release/acquire: block 0 sees every logit
-  timeline_mark(1);
   if (rank != 0) return;
   if (warp == 0) route_topk(logits, E, k, norm_topk != 0, out.ids, out.weights, out.shared_gate);
+  timeline_mark(1);  // block 0 has routed (thread 0 is in warp 0)
   if (out.logits)
     for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
 }
