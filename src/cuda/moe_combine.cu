@@ -6,12 +6,12 @@
 #include <string>
 
 #include "device_common.cuh"
+#include "kernel_types.h"
 
 namespace lily::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxTopK = 16;
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
@@ -26,15 +26,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(float4* h, const floa
   if (c >= H4) return;
   const size_t i = static_cast<size_t>(t) * H4 + c;
   const float4* ys = y_slots + static_cast<size_t>(t) * k * H4 + c;
-  float4 y[kMaxTopK];
+  float4 y[kMoeMaxTopK];
 #pragma unroll
-  for (int j = 0; j < kMaxTopK; ++j)
+  for (int j = 0; j < kMoeMaxTopK; ++j)
     if (j < k) y[j] = __ldcs(ys + static_cast<size_t>(j) * H4);
   const float4 sh = __ldcs(y_shared + i);
   const float g = sigmoidf_(shared_logit[t]);
   float4 r = y[0];
 #pragma unroll
-  for (int j = 1; j < kMaxTopK; ++j)
+  for (int j = 1; j < kMoeMaxTopK; ++j)
     if (j < k) r = add4(r, y[j]);
   float4 v = h[i];
   v.x += fmaf(g, sh.x, r.x);
@@ -53,8 +53,8 @@ void moe_combine(float* h, const float* y_slots, const float* y_shared, const fl
   if (!h || !y_slots || !y_shared || !shared_logit) fail("moe_combine: a required pointer is null");
   if (T < 1) fail("moe_combine: token count must be >= 1, got ", std::to_string(T));
   if (H < 4 || H % 4 != 0) fail("moe_combine: hidden size must be a positive multiple of 4, got ", std::to_string(H));
-  if (k < 1 || k > kMaxTopK)
-    fail("moe_combine: top_k must be in [1, ", std::to_string(kMaxTopK), "], got ", std::to_string(k));
+  if (k < 1 || k > kMoeMaxTopK)
+    fail("moe_combine: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "], got ", std::to_string(k));
   if (!aligned16(h) || !aligned16(y_slots) || !aligned16(y_shared))
     fail("moe_combine: h, y_slots and y_shared must be 16-byte aligned");
   const int H4 = H / 4;

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float4* xs = smem;
   float* xsum = reinterpret_cast<float*>(xs + H / 4);
   float* scratch = xsum + H / cols_per_chunk<BITS>();
-  __shared__ int s_ids[16];
+  __shared__ int s_ids[kMoeMaxTopK];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int I = m.inter, Is = m.shared_inter, routed = k * I;
   if (wait_halted(halt)) return;
@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   float4* xs = smem;
   float* xsum = reinterpret_cast<float*>(xs + cols / 4);
   float* scratch = xsum + n_chunks;
-  __shared__ int s_ids[16];
-  __shared__ float s_w[17];
+  __shared__ int s_ids[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   stage_routing(ids, weights, shared_gate, k, m.n_experts, s_ids, s_w);
 
@@ -171,8 +171,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
   if (wait_halted(halt)) return;
   timeline_mark(0);
-  // Lane i holds slot i's expert (k <= 16), read through L2 (the router wrote it); tasks are
-  // block-uniform, so every warp shuffles the one it needs without a block barrier.
+  // Lane i holds slot i's expert (k <= kMoeMaxTopK <= 32), read through L2 (the router wrote
+  // it); tasks are block-uniform, so every warp shuffles the one it needs without a block barrier.
+  static_assert(kMoeMaxTopK <= 32, "a lane per slot");
   const int lane_expert = __ldcg(ids + min(lane, k - 1));
   auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
   int task = blockIdx.x;
@@ -199,8 +200,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   float* xsum = reinterpret_cast<float*>(xf + cols / 4);
   float* raw = xsum + (P + 3) / 4 * 4;
   __shared__ float red[2][WARPS][16];
-  __shared__ int s_ids[16];
-  __shared__ float s_w[17];
+  __shared__ int s_ids[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   stage_routing(ids, weights, shared_gate, k, m.n_experts, s_ids, s_w);
 
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 void check_shapes(const MoeExperts& m, int k) {
   const int cpc = 128 / m.down.bits;
-  if (k < 1 || k > 16) fail("moe: top_k must be in [1, 16]");
+  if (k < 1 || k > kMoeMaxTopK) fail("moe: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "]");
   if (m.gate_up.bits != m.down.bits || m.shared_gate_up.bits != m.gate_up.bits || m.shared_down.bits != m.gate_up.bits)
     fail("moe: routed and shared expert weights must have the same bit width");
   if (m.inter % cpc != 0 || m.shared_inter % cpc != 0)

@@ -13,7 +13,6 @@ namespace lily::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxTopK = 16;
 constexpr int kBlocksPerSm = 2;          // more blocks: more loads in flight per phase
 constexpr size_t kMaxSmem = 64 * 1024;   // occupancy is queried at this size (a lower bound)
 
@@ -21,8 +20,8 @@ constexpr size_t kMaxSmem = 64 * 1024;   // occupancy is queried at this size (a
 // fragments, then the activation fragments), then the routing scratch.
 struct Fixed {
   float red[2][kMoeDownMaxWarps][16];
-  int ids[kMaxTopK];
-  float w[kMaxTopK + 1];
+  int ids[kMoeMaxTopK];
+  float w[kMoeMaxTopK + 1];
 };
 
 __host__ __device__ constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -231,7 +230,7 @@ void moe_fused(const QMat& router, const MoeExperts& m, const XSpec& X, int top_
       m.shared_down.cols != Is)
     fail("moe_fused: expert matrix shapes do not match E, I, Is and the hidden size");
   if (E > kMoeMaxExperts) fail("moe_fused: more than ", std::to_string(kMoeMaxExperts), " experts");
-  if (k < 1 || k > kMaxTopK || k > E) fail("moe_fused: top_k must be in [1, ", std::to_string(kMaxTopK), "] and <= E");
+  if (k < 1 || k > kMoeMaxTopK || k > E) fail("moe_fused: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "] and <= E");
   if (!s.logits || !s.ids || !s.weights || !s.shared_gate || !s.act || !s.sync || !h)
     fail("moe_fused: missing scratch or output pointer");
   if (reinterpret_cast<uintptr_t>(s.act) % 16 != 0) fail("moe_fused: act must be 16-byte aligned");

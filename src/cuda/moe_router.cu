@@ -15,7 +15,6 @@ namespace cg = cooperative_groups;
 // One row per warp at E = 256 in a cluster of 16 ((E + 1) / 16 rounded up); 544 threads
 // leave the row walk its ~120 registers.
 constexpr int kMaxWarps = 17;
-constexpr int kMaxTopK = 16;
 
 // One cluster of C blocks computes every logit: warp w of block r takes rows r*warps + w,
 // then every C*warps rows after. Lane 0 stores each logit straight into block 0's shared
@@ -77,7 +76,7 @@ void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool no
   if (max_cluster < 1 || max_cluster > kRouterMaxCluster)
     fail("moe_router: max_cluster must be in [1, ", std::to_string(kRouterMaxCluster), "]");
   if (n_experts > kMoeMaxExperts) fail("moe_router: more than ", std::to_string(kMoeMaxExperts), " experts");
-  if (top_k < 1 || top_k > kMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMaxTopK), "]");
+  if (top_k < 1 || top_k > kMoeMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
   if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
   else if (W.bits == 8) launch_router<8>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);

@@ -2,7 +2,7 @@
 // (W rows 0..E-1) and the shared-expert gate logit (row E) from RMSNorm(h), gathered in
 // the first block's shared memory; that block then does softmax over the E experts
 // (fp32), top-k (ties to the lower id), renormalisation, and sigmoid of the shared gate.
-// E <= kMoeMaxExperts, k <= 16.
+// E <= kMoeMaxExperts, k <= kMoeMaxTopK.
 #pragma once
 #include <cuda_runtime.h>
 
