@@ -72,28 +72,50 @@ __device__ __forceinline__ SplitRange split_range(const AttnArgs& a, int L, int 
 // Merge of the decode splits (partial layout of AttnArgs), one block of kAttnMergeWarps
 // warps per query head: weight of split s is exp(M_s - M), the output
 // sum_s w_s acc_s / sum_s w_s l_s, times the gate. Reads only the live splits of this
-// position; warps take every 8th split.
+// position; warps take every 8th split. pos (last written by the previous step) and the
+// gate (by the QKV projection, two launches back) are read before the wait, through L2;
+// after it every warp loads its first kPre splits' partials while warp 0 loads the
+// splits' maxima and sums in one pass, so the weights cost one round trip, not three.
 template <int D>
 __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(AttnArgs a, const int* halt) {
-  constexpr int DPL = D / 32;
+  constexpr int DPL = D / 32, kPre = 4, kStatsPerLane = kAttnMaxSplits / 32;
+  static_assert(D <= kAttnMergeWarps * 32, "a thread per output value");
   const int hq = blockIdx.x, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float w_s[kAttnMaxSplits], red[kAttnMergeWarps][D], total[1];
+  const int L = __ldcg(a.pos) + 1;
+  const float gate = threadIdx.x < D ? __ldcg(a.qkv + static_cast<size_t>(hq) * 2 * D + D + threadIdx.x) : 0.0f;
   if (wait_halted(halt)) return;
-  const int L = *a.pos + 1;
   const int n_splits = split_range(a, L, 0).n_splits;
   if (n_splits == 1) return;  // the attention kernel wrote the output
   const size_t stride = static_cast<size_t>(G) * (D + 2);
   const float* parts = a.partial + static_cast<size_t>(g) * a.max_splits * stride + h * (D + 2);
+  float pre[kPre][DPL];
+#pragma unroll
+  for (int j = 0; j < kPre; ++j) {
+    const int s = warp + kAttnMergeWarps * j;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) pre[j][i] = s < n_splits ? parts[s * stride + lane * DPL + i] : 0.0f;
+  }
   if (warp == 0) {
-    float M = -FLT_MAX;
-    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, parts[s * stride + D]);
+    float m[kStatsPerLane], l[kStatsPerLane], M = -FLT_MAX;
+#pragma unroll
+    for (int i = 0; i < kStatsPerLane; ++i) {
+      const int s = lane + 32 * i;
+      m[i] = s < n_splits ? parts[s * stride + D] : -FLT_MAX;
+      l[i] = s < n_splits ? parts[s * stride + D + 1] : 0.0f;
+      M = fmaxf(M, m[i]);
+    }
     M = warp_max(M);
     float S = 0.0f;
-    for (int s = lane; s < n_splits; s += 32) {
-      const float w = __expf(parts[s * stride + D] - M);
-      w_s[s] = w;
-      S += w * parts[s * stride + D + 1];
+#pragma unroll
+    for (int i = 0; i < kStatsPerLane; ++i) {
+      const int s = lane + 32 * i;
+      if (s < n_splits) {
+        const float w = __expf(m[i] - M);
+        w_s[s] = w;
+        S += w * l[i];
+      }
     }
     S = warp_sum(S);
     if (lane == 0) total[0] = S;
@@ -101,8 +123,17 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   __syncthreads();
   timeline_mark(0);  // the splits' weights known
   float acc[DPL] = {};
+#pragma unroll
+  for (int j = 0; j < kPre; ++j) {
+    const int s = warp + kAttnMergeWarps * j;
+    if (s < n_splits) {
+      const float w = w_s[s];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[i] = fmaf(w, pre[j][i], acc[i]);
+    }
+  }
 #pragma unroll 4
-  for (int s = warp; s < n_splits; s += kAttnMergeWarps) {
+  for (int s = warp + kAttnMergeWarps * kPre; s < n_splits; s += kAttnMergeWarps) {
     const float w = w_s[s];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[i] = fmaf(w, parts[s * stride + lane * DPL + i], acc[i]);
@@ -112,11 +143,10 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   __syncthreads();
   timeline_mark(1);  // every warp's weighted sum in
   decode_trigger();
-  const float* gate = a.qkv + static_cast<size_t>(hq) * 2 * D + D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  if (threadIdx.x < D) {
     float y = 0.0f;
-    for (int w = 0; w < kAttnMergeWarps; ++w) y += red[w][d];
-    a.out[static_cast<size_t>(hq) * D + d] = y / total[0] * sigmoidf_(gate[d]);
+    for (int w = 0; w < kAttnMergeWarps; ++w) y += red[w][threadIdx.x];
+    a.out[static_cast<size_t>(hq) * D + threadIdx.x] = y / total[0] * sigmoidf_(gate);
   }
 }
 
