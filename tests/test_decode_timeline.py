@@ -35,7 +35,7 @@ def write_timeline(path: Path, early_wait_ns: int, marks: bool, blocks: Path | N
     predecessor ends).
     With marks, block 0 passes step j at released + 0.5 (j + 1) µs and ends 0.7 µs before
     the next release; the GDN mixer (grid 128 x 2.0 µs) marks only its end. With blocks,
-    every block b (in shuffled order) is stamped 2b ns after block 0 and triggers at
+    every block b (in shuffled order) is stamped 2b ns after block 0 and ends its work at
     2b ns past (0.7 µs + 2 (grid - 1) ns) before the next release."""
     config = synthetic.config_35b()
     gdn = [(4, 1.0), (128, 2.0), (132, 3.0), (33, 4.0), (264, 5.0), (128, 6.0)]  # (grid, µs)

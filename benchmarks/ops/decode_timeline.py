@@ -44,7 +44,7 @@ def kernels_of_stamps(path: str) -> np.ndarray:
     """Every block's stamps (LILY_CUDA_TIMELINE_BLOCKS), cut into kernels: blocks start in
     launch order, so a kernel ends where the signature changes or a block index comes again.
     Per kernel: grid, threads, blocks stamped, first and last start, last release, first
-    and last trigger (0 when no block triggered)."""
+    and last end of work (0 when no block got there)."""
     st = np.fromfile(path, dtype=STAMP)
     out, seen = [], set()
     begin = 0
@@ -127,8 +127,8 @@ def main() -> None:
     if args.positions:
         # lead: the predecessor's release minus this kernel's start (negative: it started that long
         # after its predecessor's release); marks: when block 0 got past each step of its work (0, 1:
-        # per kernel; done: its trigger), from its own release; tail: from block 0's trigger to the
-        # next kernel's release.
+        # per kernel; done: the end of its main work), from its own release; tail: from block 0's
+        # end of work to the next kernel's release.
         marks = recs[:, 5:]
         print("| # | kernel | grid x threads | lead µs | waited µs | mark 0 | mark 1 | done | tail | adds µs (mean) |")
         print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -146,14 +146,14 @@ def main() -> None:
             print(f"| {p} | {names[p]} | {recs[idx[0], 1]} x {recs[idx[0], 2]} | {lead:.2f} | "
                   f"{np.median(waited[idx]) / 1e3:.2f} | {' | '.join(cells)} | {np.mean(cost[idx]):.2f} |")
     if args.positions and args.blocks:
-        # Every block: when the kernel's blocks started (first, last) and triggered (first,
-        # last), from block 0's release; "after" is the next kernel's release after the last
-        # trigger (completion and launch).
+        # Every block: when the kernel's blocks started (first, last) and ended their main work
+        # (first, last), from block 0's release; "after" is the next kernel's release after the
+        # last end (the last blocks' tails and the completion).
         ker = kernels_of_stamps(args.blocks)
         n = min(len(ker), len(recs))
         if n < first + k or not np.array_equal(ker[:n, :2], recs[:n, 1:3]):
             raise SystemExit("the block stamps do not follow the timeline's kernels: not the same call?")
-        print("| # | kernel | blocks | first start | last start | last release | first trigger | last trigger | after |")
+        print("| # | kernel | blocks | first start | last start | last release | first done | last done | after |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for p in sorted(set(range(min(args.positions, k))) | {k - 2, k - 1}):
             idx = np.array([first + s * k + p for s in range(steps) if first + s * k + p + 1 < n])

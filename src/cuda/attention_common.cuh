@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   for (int i = 0; i < DPL; ++i) red[warp][lane * DPL + i] = acc[i];
   __syncthreads();
   timeline_mark(1);  // every warp's weighted sum in
-  decode_trigger();
+  timeline_done();
   if (threadIdx.x < D) {
     float y = 0.0f;
     for (int w = 0; w < kAttnMergeWarps; ++w) y += red[w][threadIdx.x];

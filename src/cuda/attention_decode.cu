@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a, cons
     }
     __syncthreads();
   }
-  decode_trigger();
+  timeline_done();
 
   const float* gate = a.qkv + static_cast<size_t>(g) * G * 2 * D + D;  // + h*2D + d
   float* out = a.out + static_cast<size_t>(g) * G * D;

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     }
   }
   cp_async_wait<0>();  // (only empty groups remain; the stages become the merge slabs)
-  decode_trigger();
+  timeline_done();
 
   // Merge the warps: each rescales its O to the block max of a row, writes it to its
   // slab [warp][row][SS]; the sum over slabs runs in warp order (deterministic).

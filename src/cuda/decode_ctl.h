@@ -23,8 +23,7 @@ constexpr int kMaxStopIds = 64;
 // kernel given a halt pointer must then be given &DecodeCtl::halt (the engine does; the
 // kernel tests, with plain int flags, are not built this way).
 // mark[j]: when block 0 got past step j of its work (kernels name their steps with
-// timeline_mark; the last one, kTimelineDone, is where it releases its dependents:
-// decode_trigger, after its main work).
+// timeline_mark; the last one, kTimelineDone, is the end of its main work: timeline_done).
 constexpr int kTimelineMarks = 3, kTimelineDone = kTimelineMarks - 1;
 struct TimelineRec {
   unsigned long long start = 0, released = 0;
@@ -33,8 +32,9 @@ struct TimelineRec {
 };
 constexpr unsigned kTimelineCap = 1u << 20;
 // With $LILY_CUDA_TIMELINE_BLOCKS set, thread 0 of every block of every decode kernel also
-// stamps its start, its wait's return and its trigger, in the order blocks start (all
-// blocks of a kernel start before any block of the next: triggers follow waits).
+// stamps its start, its wait's return and the end of its main work, in the order blocks
+// start (all blocks of a kernel start before any block of the next: a kernel's blocks
+// trigger the next launch after their wait, so all of them are resident by then).
 struct BlockStamp {
   unsigned long long start = 0, released = 0, done = 0;
   unsigned grid = 0, threads = 0, block = 0, pad = 0;

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   cluster_wait();  // every block of the head has started
   const float hinv = head_inv_rms(part, head_ss, split, a.Dv, a.eps);
   if (active && kq == 0) a.out[v_idx] = o * hinv * norm_w * siluf_(z);
-  decode_trigger();
+  timeline_done();
 }
 
 }  // namespace

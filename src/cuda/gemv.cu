@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
         }
     }
   });
-  decode_trigger();
+  timeline_done();
 }
 
 // Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its WARPS
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_mma_kernel(QMat W
       else Y.y[row] = y;
     }
   }
-  decode_trigger();
+  timeline_done();
 }
 
 template <int WARPS, int GPW>

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   } else if (ch.on) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < ch.limit; r += gridDim.x * blockDim.x) ch.offer(a, a.logits[r], r);
   }
-  decode_trigger();
+  timeline_done();
   if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
       if (ch.on) ch.offer(a, y, r);
     }
   }
-  decode_trigger();
+  timeline_done();
   if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 

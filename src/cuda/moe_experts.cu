@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int item, const float (&acc)[2]) {
     if (lane == 0) act[item] = siluf_(acc[0]) * acc[1];
   });
-  decode_trigger();
+  timeline_done();
 }
 
 // One warp per output row j. The k routed slots and the shared slot are laid out back
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (lane == 0) h[j] = (j == j0 ? resid0 : h[j]) + acc;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
-  decode_trigger();
+  timeline_done();
 }
 
 // Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
     finish(cur, (task / rbe) * I + 8 * (task % rbe), task == static_cast<int>(blockIdx.x));
   }
-  decode_trigger();
+  timeline_done();
 }
 
 // Tensor-core down + combine: task = 16 output rows; the WARPS warps take (slot, group)
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] = (it == 0 ? resid0 : h[rb * 16 + threadIdx.x]) + y;
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
-  decode_trigger();
+  timeline_done();
 }
 
 void check_shapes(const MoeExperts& m, int k) {

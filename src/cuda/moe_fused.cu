@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   // arrived at the last barrier), so its blocks cannot keep ours from running. Triggering
   // before the last barrier could let them take the multiprocessors a block of this grid
   // still needs, and the barrier would never open.
-  decode_trigger();
+  timeline_done();
   if (rb3 >= n_rb) return;
 
   // The activations come from other blocks (build_x reads x through L2).

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[1]) {
     if (lane == 0) logits0[g] = acc[0];
   });
-  decode_trigger();
+  timeline_done();
   cluster.sync();  // release/acquire: block 0 sees every logit
   if (rank != 0) return;
   if (warp == 0) route_topk(logits, E, k, norm_topk != 0, out.ids, out.weights, out.shared_gate);

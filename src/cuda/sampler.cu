@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
     if (cv[i] > u) atomicMin(&s_first, i);
   __syncthreads();
   if (tid == 0) emit_token(ci[s_first], sink);
-  decode_trigger();
+  timeline_done();
 }
 
 }  // namespace
