@@ -82,6 +82,9 @@ __device__ __forceinline__ bool wait_halted(const int* halt, bool after_choice =
       if (j < kBlockStampCap) stamp = ctl->stamps + j;
     }
     pdl_wait();
+    // Thread 0 alone triggers here (a block's first trigger is the one that counts), after
+    // drawing its stamp index, so that every block of a kernel is stamped before any block
+    // of the next: decode_timeline.py cuts kernels by that order.
     pdl_trigger();
     const unsigned long long t1 = globaltimer();
     const unsigned grid = gridDim.x * gridDim.y * gridDim.z, threads = blockDim.x * blockDim.y * blockDim.z;
@@ -91,7 +94,6 @@ __device__ __forceinline__ bool wait_halted(const int* halt, bool after_choice =
     block_stamp() = stamp;
   } else {
     pdl_wait();
-    pdl_trigger();
   }
 #else
   pdl_wait();
