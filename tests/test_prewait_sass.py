@@ -1,5 +1,6 @@
 """scripts/prewait_sass.py on cuobjdump text written here: a kernel's loads are split at
-its first ACQBULK (griddepcontrol.wait), non-coherent ones counted, kernels apart."""
+its first ACQBULK (griddepcontrol.wait), non-coherent ones counted, kernels apart, and a
+trigger (PREEXIT) above the wait flagged."""
 
 from __future__ import annotations
 
@@ -35,13 +36,21 @@ def test_loads_split_at_the_first_wait():
         ("nowait", ["LDG.E R1, desc[UR4][R2.64]", "EXIT"]),
     )
     k = load_script().kernels(text)
-    assert k["early"] == {"waits": True, "pre": ["LDG.E.NA.128.CONSTANT", "LDG.E.STRONG.GPU"], "post": ["LDG.E"]}
-    assert k["late"] == {"waits": True, "pre": [], "post": ["LDG.E.NA.128.CONSTANT"]}
-    assert k["nowait"] == {"waits": False, "pre": ["LDG.E"], "post": []}
+    assert k["early"] == {"waits": True, "pre": ["LDG.E.NA.128.CONSTANT", "LDG.E.STRONG.GPU"], "post": ["LDG.E"], "trigger_first": False}
+    assert k["late"] == {"waits": True, "pre": [], "post": ["LDG.E.NA.128.CONSTANT"], "trigger_first": False}
+    assert k["nowait"] == {"waits": False, "pre": ["LDG.E"], "post": [], "trigger_first": False}
 
 
 def test_offsets_past_0xffff():
     # A long kernel's SASS offsets run to five hex digits: its late wait must still be seen.
     body = ["NOP"] * 4096 + ["LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", "ACQBULK", "LDG.E R5, desc[UR4][R2.64]"]
     k = load_script().kernels(sass(("long", body)))
-    assert k["long"] == {"waits": True, "pre": ["LDG.E.128.CONSTANT"], "post": ["LDG.E"]}
+    assert k["long"] == {"waits": True, "pre": ["LDG.E.128.CONSTANT"], "post": ["LDG.E"], "trigger_first": False}
+
+
+def test_trigger_above_the_wait_is_flagged():
+    text = sass(("after", ["LDG.E R1, desc[UR4][R2.64]", "ACQBULK", "PREEXIT", "EXIT"]),
+                ("before", ["PREEXIT", "ACQBULK", "PREEXIT", "EXIT"]))
+    k = load_script().kernels(text)
+    assert not k["after"]["trigger_first"]
+    assert k["before"]["trigger_first"]

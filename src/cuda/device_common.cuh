@@ -51,10 +51,10 @@ __device__ __forceinline__ void timeline_mark(int j) {
 
 // The decode kernels' wait: the PDL wait, the trigger that lets the next kernel launch,
 // then whether the decode loop has halted (a step queued after generation ended does
-// nothing). Triggering here rather than after the kernel's work lets the dependent's blocks
-// launch during this kernel: each takes a multiprocessor as this kernel's blocks leave it
-// and runs its prologue (weights and other early loads, before its own wait) during this
-// kernel's tail (decode +12 % at 4K on the H200, perf-log 13). It is as safe as a trigger
+// nothing). Triggering here rather than after the kernel's work lets the dependent launch
+// during this kernel (once all of its blocks have passed their wait): its blocks take what
+// room a multiprocessor has left, beside this kernel's or as they leave, and run their
+// prologue (weights and other early loads, before their own wait) during this kernel's tail (decode +12 % at 4K on the H200, perf-log 13). It is as safe as a trigger
 // at the end: once this wait has returned, the kernel launched before this one has
 // completed, so what the dependent reads before its wait (written two or more launches
 // back) is final. halt is &DecodeCtl::halt or null. Only a

@@ -156,10 +156,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   int rb3 = blockIdx.x;
   if (rb3 < n_rb) load(rb3);
   bar.wait();
-  // The next kernel may now start its prologue: every block of this grid is resident (all
-  // arrived at the last barrier), so its blocks cannot keep ours from running. Triggering
-  // before the last barrier could let them take the multiprocessors a block of this grid
-  // still needs, and the barrier would never open.
+  // (The next kernel was triggered at the wait: it launches only once every block of this
+  // grid has triggered, i.e. is resident, so its blocks cannot keep the barriers from opening.)
   timeline_done();
   if (rb3 >= n_rb) return;
 
