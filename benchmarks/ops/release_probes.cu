@@ -4,7 +4,8 @@
 // when gate/up began reading 1 MB before its wait.) A chain of kChain dependent kernels,
 // two 256-thread blocks per SM, each block reading B bytes of fresh (L2-cold) weights
 // either before its PDL wait or right after it, then triggering at its end as every decode
-// kernel did until perf-log 13 (they now trigger right after their wait). Read the cold column per kernel (µs / kChain):
+// kernel did until perf-log 13 (they now trigger right after their wait). Read the cold
+// column per kernel (µs / kChain):
 //   before(B) - nothing: what B bytes a block cost when asked for before the wait
 //   after(B) - nothing:  the same asked for after it
 // If loads in flight held the predecessor's release back, before(B) would cost about as

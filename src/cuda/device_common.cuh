@@ -51,19 +51,21 @@ __device__ __forceinline__ void timeline_mark(int j) {
 
 // The decode kernels' wait: the PDL wait, the trigger that lets the next kernel launch,
 // then whether the decode loop has halted (a step queued after generation ended does
-// nothing). Triggering here rather than after the kernel's work lets the dependent launch
-// during this kernel (once all of its blocks have passed their wait): its blocks take what
-// room a multiprocessor has left, beside this kernel's or as they leave, and run their
-// prologue (weights and other early loads, before their own wait) during this kernel's tail (decode +12 % at 4K on the H200, perf-log 13). It is as safe as a trigger
-// at the end: once this wait has returned, the kernel launched before this one has
-// completed, so what the dependent reads before its wait (written two or more launches
-// back) is final. halt is &DecodeCtl::halt or null. Only a
-// step's token choice writes the flag (and the host, between generations), so a kernel
-// launched two or more after it reads the flag before its wait (through L2), and the
-// branch on it costs nothing after the wait. The kernel launched right after the token
-// choice (the step's first, which embeds the token) passes after_choice and reads it
-// after the wait. In a timeline build block 0 records the wait in the DecodeCtl's
-// timeline, and every block stamps it when stamps are on (decode_ctl.h).
+// nothing).
+// Trigger: here rather than after the kernel's work, so the dependent launches during this
+// kernel (once all of its blocks have passed their wait); its blocks take what room a
+// multiprocessor has left, beside this kernel's or as they leave, and run their prologue
+// (weights and other early loads, before their own wait) during this kernel's tail (decode
+// +12 % at 4K on the H200, perf-log 13). As safe as a trigger at the end: once this wait
+// has returned, the kernel launched before this one has completed, so what the dependent
+// reads before its wait (written two or more launches back) is final.
+// Halt: halt is &DecodeCtl::halt or null. Only a step's token choice writes the flag (and
+// the host, between generations), so a kernel launched two or more after it reads the
+// flag before its wait (through L2), and the branch on it costs nothing after the wait.
+// The kernel launched right after the token choice (the step's first, which embeds the
+// token) passes after_choice and reads it after the wait.
+// Timeline build: block 0 records the wait in the DecodeCtl's timeline, and every block
+// stamps it when stamps are on (decode_ctl.h).
 __device__ __forceinline__ bool wait_halted(const int* halt, bool after_choice = false) {
   const bool early = halt && !after_choice;
   const int early_flag = early ? __ldcg(halt) : 0;
