@@ -35,7 +35,7 @@ OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 STEPS=",${LILY_GPU_STEPS:-kernels,pytest,consistency,decode,ops,bench},"
-LILY_GPU_SUITES=${LILY_GPU_SUITES:-gemv_moe,sequence,head,qgemm,moe_prefill,gdn_prefill,attention_prefill,moe_fused,wgmma}
+LILY_GPU_SUITES=${LILY_GPU_SUITES:-gemv_moe,sequence,head,qgemm,moe_prefill,gdn_prefill,attention_prefill,wgmma,rows}
 want() { [[ $STEPS == *",$1,"* ]]; }
 JOBS=$(nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS LILY_CUDA=ON PYTHONUNBUFFERED=1
@@ -62,7 +62,7 @@ export PYTHONPATH=/tmp/lily
 
 # switch -> kernel suites that must pass for it to compete
 declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
-                     [LILY_CUDA_MOE_FUSED=1]=moe_fused [LILY_CUDA_ATTN_TC=0]=sequence
+                     [LILY_CUDA_ATTN_TC=0]=sequence
                      [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qgemm
                      [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
 declare -A RC
@@ -166,7 +166,7 @@ if [ "$pip_rc" = 0 ]; then
       echo "== prefill $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 8 2>&1 | grep '^{' >> "$OUT/variants.log"
     done
-    for cfg in "" LILY_CUDA_MOE_FUSED=1 LILY_CUDA_ATTN_TC=0; do
+    for cfg in "" LILY_CUDA_ATTN_TC=0; do
       competes "$cfg" || continue
       echo "== decode $cfg" >> "$OUT/variants.log"
       timeout 100 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 4096 --steps 64 2>&1 | grep '^{' >> "$OUT/variants.log"

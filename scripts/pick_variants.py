@@ -4,7 +4,7 @@ The log holds blocks "== phase ENV..." each followed by benchmarks/ops/cuda_deco
 JSON lines. A variant competes only when its kernel suites and the GPU pytest run with
 every variant on passed (`--ok` lists the switches that passed). Prints the winning
 environment assignments (shell words) on one line.
-Usage: python scripts/pick_variants.py LOG --ok LILY_PREFILL_GEMM=exact,LILY_CUDA_MOE_FUSED=1
+Usage: python scripts/pick_variants.py LOG --ok LILY_PREFILL_GEMM=exact,LILY_CUDA_ATTN_TC=0
 """
 
 from __future__ import annotations

@@ -143,12 +143,11 @@ def test_prefill_ablations_are_bit_identical(model_path, monkeypatch, env):
 
 @pytest.mark.parametrize("env", [{"LILY_PREFILL_GEMM": "exact"}, {"LILY_PREFILL_GEMM": "bf16w"},
                                  {"LILY_PREFILL_GEMM": "wgmma"}, {"LILY_PREFILL_ATTN": "mma"},
-                                 {"LILY_PREFILL_GDN": "scan"}, {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0},
-                                 {"LILY_CUDA_MOE_FUSED": 1}])
+                                 {"LILY_PREFILL_GDN": "scan"}, {"LILY_PREFILL_GDN": "chunked"}, {"LILY_CUDA_ATTN_TC": 0}])
 def test_alternative_routes_match_cpu(model_path, monkeypatch, env):
     """Each switchable route (the exact-fold GEMM, bf16 weights on mma.sync only, every GEMM
     on wgmma, the mma.sync flash attention, the sequential scan, the chunked form at every
-    length, the SIMT decode attention, the one-launch MoE) against the CPU reference,
+    length, the SIMT decode attention) against the CPU reference,
     prefill and then greedy decode."""
     cpu = _lily.Engine(model_path, "cpu")
     gpu = engine_with(model_path, monkeypatch, **env)
@@ -201,13 +200,11 @@ np.save(out, np.stack([engine.forward(session, ids[i:i + 1]) for i in range(40, 
 """
 
 
-@pytest.mark.parametrize("route", [{}, {"LILY_CUDA_MOE_FUSED": "1"}])
-def test_decode_is_the_same_without_pdl(tmp_path, route):
+def test_decode_is_the_same_without_pdl(tmp_path):
     """The decode kernels read before their PDL wait whatever the kernel launched just
     before them does not write (docs/cuda.md); without PDL nothing overlaps. Every decode
     kernel is deterministic, so 48 single-token steps (the decode step's graphs) at
-    Qwen3.6-35B-A3B's widths give the same logits bit for bit either way, on the default
-    route and on the one-launch MoE (its neighbours change). LILY_CUDA_PDL is
+    Qwen3.6-35B-A3B's widths give the same logits bit for bit either way. LILY_CUDA_PDL is
     read once per process, hence the two processes."""
     config = config_at_35b_widths()
     path = tmp_path / "config.json"
@@ -215,7 +212,7 @@ def test_decode_is_the_same_without_pdl(tmp_path, route):
     logits = []
     for pdl in ("1", "0"):
         out = tmp_path / f"pdl{pdl}.npy"
-        env = {**os.environ, **route, "LILY_CUDA_PDL": pdl}
+        env = {**os.environ, "LILY_CUDA_PDL": pdl}
         subprocess.run([sys.executable, "-c", DECODE_LOGITS, str(path), str(out)], env=env, check=True)
         logits.append(np.load(out))
     assert logits[0].shape == (48, config["vocab_size"]) and np.isfinite(logits[0]).all()
@@ -224,7 +221,7 @@ def test_decode_is_the_same_without_pdl(tmp_path, route):
 
 @pytest.mark.parametrize("name,value", [("LILY_PREFILL_GDN", "fast"), ("LILY_PREFILL_GEMM", "fp8"),
                                         ("LILY_PREFILL_CHUNK", "0"), ("LILY_PREFILL_CHUNK", "4k"),
-                                        ("LILY_CUDA_MOE_FUSED", "yes"), ("LILY_PREFILL_MOE_TILE", "24"),
+                                        ("LILY_CUDA_ATTN_TC", "yes"), ("LILY_PREFILL_MOE_TILE", "24"),
                                         ("LILY_PREFILL_MIN_TOKENS", "-1"), ("LILY_PREFILL_ATTN", "fast"),
                                         ("LILY_PREFILL_ATTN", "wgmma")])  # wgmma: head dim 256 only (tiny: 64)
 def test_bad_route_setting_is_named(model_path, monkeypatch, name, value):

@@ -7,7 +7,6 @@
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
-#include "moe_fused.h"
 #include "moe_router.h"
 #include "sampler.h"
 #include "shapes.h"
@@ -178,18 +177,6 @@ void add_decode_ops(std::vector<Op>& ops) {
                      moe_down(m, act, out.ids, out.weights, out.shared_gate, kTopK, h, nullptr, nullptr, s);
                    };
                  }});
-  ops.push_back({"moe fused block: router, gate_up, down (1 launch)", "E 256, top-8, I 512",
-                 qbytes(kE + 1, kH, 8) + gate_up_w + down_w + 3 * kH * 4.0,
-                 2.0 * ((kE + 1) + kTopK * 3 * kI + 3 * kIs) * kH, [](Arena& A) -> Launch {
-                   const QMat R = A.qmat(kE + 1, kH, 8, false);
-                   const MoeExperts m = experts(A);
-                   float* h = A.normal(kH);
-                   const XSpec X = rmsnorm_of(A, h);
-                   const MoeFusedScratch sc{A.normal(kE + 1), A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1),
-                                            A.normal(kTopK * kI + kIs), A.zeros<unsigned>(2)};
-                   return [=](cudaStream_t s) { moe_fused(R, m, X, kTopK, true, sc, h, nullptr, nullptr, s); };
-                 }});
-
   // Output head: logits + greedy argmax in one launch; or logits, then top-k/top-p sampling.
   const double head_bytes = qbytes(kV, kH, 4) + 2 * kH * 4.0 + kV * 4.0;
   ops.push_back({"lm_head +rmsnorm +argmax", dims(kV, kH), head_bytes, 2.0 * kV * kH, [](Arena& A) -> Launch {
@@ -200,7 +187,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                    a.select = HeadSelect::Greedy;
                    a.sink = token_sink(A, endless_ctl());
                    a.ctl = a.sink.ctl;
-                   a.partial = A.zeros<float2>(lm_head_max_blocks());
+                   a.partial = A.zeros<float2>(kLmHeadMaxBlocks);
                    a.counter = A.zeros<unsigned>(1);
                    return [=](cudaStream_t s) { lm_head(a, nullptr, s); };
                  }});

@@ -247,6 +247,34 @@ class PyEngine {
     return nb::cast(numpy_owning(std::move(last), {static_cast<size_t>(V)}));
   }
 
+  // Speculative verify (Executor::verify): feeds tokens as one step; returns [n, V] logits,
+  // or with logits=False each row's greedy choice [n].
+  nb::object verify(PySession& s, TokenArray tokens, bool want_logits) {
+    s.check_idle();
+    const int64_t n = static_cast<int64_t>(tokens.shape(0));
+    const size_t rows = static_cast<size_t>(std::clamp<int64_t>(n, 0, kMaxVerifyTokens));
+    const int64_t V = state_->weights->config.vocab_size;
+    std::vector<float> logits;
+    std::vector<int32_t> argmax;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> busy(state_->busy);
+      if (want_logits) logits.resize(rows * V);
+      else argmax.resize(rows);
+      state_->executor->verify(*s.session, tokens.data(), n, want_logits ? logits.data() : nullptr,
+                               want_logits ? nullptr : argmax.data());
+    }
+    if (!want_logits) return nb::cast(numpy_owning(std::move(argmax), {rows}));
+    return nb::cast(numpy_owning(std::move(logits), {rows, static_cast<size_t>(V)}));
+  }
+
+  void keep_verified(PySession& s, int64_t m) {
+    s.check_idle();
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> busy(state_->busy);
+    state_->executor->keep_verified(*s.session, m);
+  }
+
   std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
                                         std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings) {
     if (max_tokens < 0) fail("max_tokens must be >= 0, got ", std::to_string(max_tokens));
@@ -374,6 +402,8 @@ void register_engine(nb::module_& m) {
                   nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
+      .def("verify", &PyEngine::verify, nb::arg("session"), nb::arg("tokens"), nb::arg("logits") = true)
+      .def("keep_verified", &PyEngine::keep_verified, nb::arg("session"), nb::arg("keep"))
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
            nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})
       .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))

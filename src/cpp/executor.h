@@ -22,12 +22,19 @@ class Session {
   int64_t max_context = 0;        // positions the session may hold
   std::vector<int32_t> tokens;    // tokens fed so far; position = tokens.size()
   int32_t pending = -1;           // chosen by generate(), not yet fed
-  std::vector<float> last_logits; // [V] logits after the last fed token (host copy)
+  std::vector<float> last_logits; // [V] logits after the last fed token (host copy; a device
+                                  // executor may refresh it only in forward and generate)
   // [layers, E] tokens routed to each expert so far, for executors that count (cpu);
   // empty otherwise.
   std::vector<int64_t> expert_load;
+  // Tokens fed by the last Executor::verify that keep_verified may still cut back; 0 once
+  // anything else has touched the session.
+  int64_t verified = 0;
   int64_t position() const { return static_cast<int64_t>(tokens.size()); }
 };
+
+// Tokens one speculative verify feeds at most: the pending token and up to 3 drafts.
+constexpr int64_t kMaxVerifyTokens = 4;
 
 struct GenerateRequest {
   int64_t max_tokens = 256;
@@ -63,6 +70,15 @@ class Executor {
   // Chooses up to max_tokens tokens, calling on_token for each.
   virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
 
+  // Speculative decoding's verify: feeds tokens[0..n) (1 <= n <= kMaxVerifyTokens; the
+  // session must have no pending token) as one step and writes every fed token's logits
+  // to logits [n, V] (when non-null), row i bit-identical to feeding the tokens one at a
+  // time, and each row's greedy choice to argmax [n] (when non-null; ties to the lower id).
+  // The session then holds all n; keep_verified(s, m) keeps the first m (1 <= m <= n) with
+  // the state after token m - 1 and its logits, without recomputing anything.
+  void verify(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax = nullptr);
+  void keep_verified(Session& s, int64_t m);
+
   // Snapshots: an independent copy of the session's state with room for `capacity`
   // positions (at least what s holds; a compact snapshot costs only its positions'
   // K/V), and copying one back. restore keeps dst's own max_context and refuses a
@@ -79,6 +95,11 @@ class Executor {
   // all_logits ([n, V]) when non-null.
   virtual void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits,
                              float* all_logits) = 0;
+  // verify and keep_verified after their checks: verify_step appends the tokens to
+  // s.tokens; keep_step(s, n, m) undoes the last n - m of the n verified (the caller then
+  // drops them from s.tokens).
+  virtual void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) = 0;
+  virtual void keep_step(Session& s, int64_t n, int64_t m) = 0;
 
   std::shared_ptr<const ModelWeights> weights_;
 };

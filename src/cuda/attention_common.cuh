@@ -70,26 +70,28 @@ __device__ __forceinline__ SplitRange split_range(const AttnArgs& a, int L, int 
 }
 
 // Merge of the decode splits (partial layout of AttnArgs), one block of kAttnMergeWarps
-// warps per query head: weight of split s is exp(M_s - M), the output
-// sum_s w_s acc_s / sum_s w_s l_s, times the gate. Reads only the live splits of this
-// position; warps take every 8th split. pos (last written by the previous step) and the
-// gate (by the QKV projection, two launches back) are read before the wait, through L2;
-// after it every warp loads its first kPre splits' partials while warp 0 loads the
-// splits' maxima and sums in one pass, so the weights cost one round trip, not three.
+// warps per query head and token (blockIdx.y: the token at pos + y of a several-row step):
+// weight of split s is exp(M_s - M), the output sum_s w_s acc_s / sum_s w_s l_s, times the
+// gate. Reads only the live splits of this position; warps take every 8th split. pos
+// (last written by the previous step) and the gate (by the QKV projection, two launches
+// back) are read before the wait, through L2; after it every warp loads its first kPre
+// splits' partials while warp 0 loads the splits' maxima and sums in one pass, so the
+// weights cost one round trip, not three.
 template <int D>
 __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(AttnArgs a, const int* halt) {
   constexpr int DPL = D / 32, kPre = 4, kStatsPerLane = kAttnMaxSplits / 32;
   static_assert(D <= kAttnMergeWarps * 32, "a thread per output value");
-  const int hq = blockIdx.x, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
+  const int hq = blockIdx.x, row = blockIdx.y, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float w_s[kAttnMaxSplits], red[kAttnMergeWarps][D], total[1];
-  const int L = __ldcg(a.pos) + 1;
-  const float gate = threadIdx.x < D ? __ldcg(a.qkv + static_cast<size_t>(hq) * 2 * D + D + threadIdx.x) : 0.0f;
+  const int L = __ldcg(a.pos) + row + 1;
+  const float* qkv = a.qkv + static_cast<size_t>(row) * attention_qkv_floats(a);
+  const float gate = threadIdx.x < D ? __ldcg(qkv + static_cast<size_t>(hq) * 2 * D + D + threadIdx.x) : 0.0f;
   if (wait_halted(halt)) return;
   const int n_splits = split_range(a, L, 0).n_splits;
   if (n_splits == 1) return;  // the attention kernel wrote the output
   const size_t stride = static_cast<size_t>(G) * (D + 2);
-  const float* parts = a.partial + static_cast<size_t>(g) * a.max_splits * stride + h * (D + 2);
+  const float* parts = a.partial + (static_cast<size_t>(row) * a.Hkv + g) * a.max_splits * stride + h * (D + 2);
   float pre[kPre][DPL];
 #pragma unroll
   for (int j = 0; j < kPre; ++j) {
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   if (threadIdx.x < D) {
     float y = 0.0f;
     for (int w = 0; w < kAttnMergeWarps; ++w) y += red[w][threadIdx.x];
-    a.out[static_cast<size_t>(hq) * D + threadIdx.x] = y / total[0] * sigmoidf_(gate);
+    a.out[(static_cast<size_t>(row) * a.Hq + hq) * D + threadIdx.x] = y / total[0] * sigmoidf_(gate);
   }
 }
 

@@ -15,13 +15,13 @@
 namespace lily::cuda {
 
 struct AttnArgs {
-  const float* qkv = nullptr;       // [Hq * 2D (per head: D query, D gate) | Hkv*D k | Hkv*D v]
+  const float* qkv = nullptr;       // [rows][Hq * 2D (per head: D query, D gate) | Hkv*D k | Hkv*D v]
   const float* q_norm = nullptr;    // [D]
   const float* k_norm = nullptr;    // [D]
   uint16_t* k_cache = nullptr;      // bf16 [ctx][Hkv][D]
   uint16_t* v_cache = nullptr;      // bf16 [ctx][Hkv][D]
-  float* partial = nullptr;         // [Hkv][max_splits][G][D + 2] split results
-  float* out = nullptr;             // [Hq * D]
+  float* partial = nullptr;         // [rows][Hkv][max_splits][G][D + 2] split results
+  float* out = nullptr;             // [rows][Hq * D]
   const int* pos = nullptr;         // position of this token (context = pos + 1)
   const float* inv_freq = nullptr;  // [rot_dim / 2] RoPE inverse frequencies (rope_inv_freq)
   int Hq = 0, Hkv = 0, D = 0, rot_dim = 0;
@@ -31,6 +31,9 @@ struct AttnArgs {
   // this use one block per KV head.
   int min_chunk = 128;
 };
+
+// Floats of one token's qkv row (AttnArgs::qkv).
+__host__ __device__ inline int attention_qkv_floats(const AttnArgs& a) { return (2 * a.Hq + 2 * a.Hkv) * a.D; }
 
 // Two launches: the split attention, then the merge (which returns at once for one split).
 void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream);
@@ -43,7 +46,10 @@ void attention_decode(const AttnArgs& a, const int* halt, cudaStream_t stream);
 // positions before waiting on the kernel launched just before it (PDL), which must
 // therefore write neither (decode writes qkv there); any earlier kernel may, as every
 // kernel here lets its dependents start only after its own wait.
-void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream);
+// With rows > 1, the tokens at pos .. pos + rows - 1 of one speculative step: token r
+// attends to keys 0 .. pos + r with exactly the splits, arithmetic and outputs of a one-row
+// step at that position (qkv, out and partial rows as above), and appends its K/V row.
+void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream, int rows = 1);
 
 size_t attention_partial_floats(int Hq, int Hkv, int D, int max_splits);
 

@@ -16,8 +16,9 @@
 // Prologue (bit for bit attention_decode's): q = RoPE(RMSNorm(q) * q_norm) / sqrt(D) for
 // the G heads (to bf16 in shared memory); the block holding the position also appends
 // k = RoPE(RMSNorm(k) * k_norm) and v to the cache. The first tiles are already
-// streaming meanwhile (issued before the wait on the previous kernel); the appended row,
-// not written yet when they are issued, is put into shared memory by the appending warp.
+// streaming meanwhile (issued before the wait on the previous kernel); the keys of this
+// step (the new one; with several rows, those of the earlier tokens too), not in the cache
+// when the tiles are issued, are normed and put into shared memory by the block itself.
 #include <string>
 
 #include "async_copy.cuh"
@@ -44,45 +45,71 @@ template <int D>
 constexpr int kSlabStride = D + 8;  // floats per row of the warp-merge slabs (conflict-free float2 stores)
 static_assert(kWarps * kRowsQ * (kSlabStride<256> * 4) <= kStages * 2 * kKeys * kRowBytes<256>, "slabs fit the stages");
 
-// Grid: x = KV head, y = split (blocks past the live splits of this position return).
+// Grid: x = KV head, y = split (blocks past the live splits of this position return), z =
+// token of a several-row step (the token at pos + z attends to keys 0 .. pos + z: its
+// blocks are exactly those of a one-row step at that position).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, const int* halt) {
   constexpr int DPL = D / 32, RB = kRowBytes<D>, CPR = D / 8, NT = D / 8, SS = kSlabStride<D>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float m_s[kWarps][kRowsQ], l_s[kWarps][kRowsQ], head_m[kRowsQ], head_l[kRowsQ];
-  const int g = blockIdx.x, split = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = blockIdx.x, split = blockIdx.y, row = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int G = a.Hq / a.Hkv;
 
   // pos and the cached keys before it were written a step ago or earlier, so the first
   // tiles stream before the wait on the QKV projection (attention_decode.h); a block past
   // the live splits may leave at once (those of split 0 always wait).
-  const int pos = __ldcg(a.pos), L = pos + 1;
+  const int pos = __ldcg(a.pos), p = pos + row, L = p + 1;
   const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
   const int n_tiles = (end - start + kKeys - 1) / kKeys;
-  const bool appends = split == n_splits - 1;  // this block's last key is the new one
+  const bool appends = split == n_splits - 1;  // this block's last key is its token's own
+  // Keys [fresh, end) are this step's (the QKV projection has just made them; the other
+  // tokens' blocks write them to the cache): this block puts them into shared memory itself.
+  const int fresh = max(start, pos);
+  const size_t qkv_floats = attention_qkv_floats(a);
+  const float* qkv = a.qkv + row * qkv_floats;
 
   const uint32_t s_q = smem_addr(smem), s_kv = s_q + kRowsQ * RB;  // stage st: K at s_kv + st*2*kKeys*RB, V after it
   // Tile t -> stage t % kStages; keys past the split are zeros (P is 0 there, V finite).
-  // The row of key `skip` is left alone.
-  auto load_tile = [&](int t, int skip) {
+  // This step's keys are left alone.
+  auto load_tile = [&](int t) {
     const uint32_t sk = s_kv + (t % kStages) * 2 * kKeys * RB, sv = sk + kKeys * RB;
 #pragma unroll
     for (int j = 0; j < kKeys * CPR / kThreads; ++j) {
       const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, key = start + t * kKeys + r;
-      if (key == skip) continue;
+      if (key >= fresh && key < end) continue;
       const bool ok = key < end;
       const size_t src = (static_cast<size_t>(ok ? key : start) * a.Hkv + g) * D + c * 8;
       cp_async16(sk + r * RB + c * 16, a.k_cache + src, ok ? 16 : 0);
       cp_async16(sv + r * RB + c * 16, a.v_cache + src, ok ? 16 : 0);
     }
   };
-  // The first kStages-1 tiles stream during the prologue. When the new key's tile is
-  // among them its row is written below, straight into shared memory.
-  const int direct = appends && n_tiles <= kStages - 1 ? pos : -1;
+  // Key `key` of this step (one warp): k = RoPE(RMSNorm(k) * k_norm) and v from its token's
+  // QKV row, into the shared-memory rows of its tile; the token's own key also to the cache.
+  auto put_fresh = [&](int key) {
+    const float* kv_in = a.qkv + (key - pos) * qkv_floats + static_cast<size_t>(a.Hq) * 2 * D;
+    float x[DPL], v[DPL];
+    const float* ksrc = kv_in + static_cast<size_t>(g) * D + lane * DPL;
+    const float* vsrc = kv_in + static_cast<size_t>(a.Hkv + g) * D + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) x[i] = ksrc[i], v[i] = vsrc[i];
+    norm_rope<DPL>(x, a.k_norm, key, a.rot_dim, a.inv_freq, a.eps, lane);
+    if (key == p && appends) {
+      const size_t at = (static_cast<size_t>(p) * a.Hkv + g) * D + lane * DPL;
+      store_bf16<DPL>(a.k_cache + at, x);
+      store_bf16<DPL>(a.v_cache + at, v);
+    }
+    const int t = (key - start) / kKeys;
+    uint8_t* k_row = smem + kRowsQ * RB + ((t % kStages) * 2 * kKeys + (key - start) % kKeys) * RB;
+    store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row) + lane * DPL, x);
+    store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row + kKeys * RB) + lane * DPL, v);
+  };
+  // The first kStages-1 tiles stream during the prologue; this step's keys among them are
+  // written below, straight into shared memory.
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
-    if (t < n_tiles) load_tile(t, direct);
+    if (t < n_tiles) load_tile(t);
     cp_async_commit();  // one group per tile slot, empty or not: group t holds tile t
   }
   if (wait_halted(halt)) {
@@ -90,33 +117,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     return;
   }
 
-  // Item 0: the append (one block per KV head); items 1 .. 16: query rows 0 .. 15.
-  const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;
-  for (int item = warp; item <= kRowsQ; item += kWarps) {
-    float x[DPL];
-    if (item == 0) {
-      if (!appends) continue;
-      float v[DPL];
-      const float* ksrc = kv_in + static_cast<size_t>(g) * D + lane * DPL;
-      const float* vsrc = kv_in + static_cast<size_t>(a.Hkv + g) * D + lane * DPL;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) x[i] = ksrc[i], v[i] = vsrc[i];
-      norm_rope<DPL>(x, a.k_norm, pos, a.rot_dim, a.inv_freq, a.eps, lane);
-      const size_t at = (static_cast<size_t>(pos) * a.Hkv + g) * D + lane * DPL;
-      store_bf16<DPL>(a.k_cache + at, x);
-      store_bf16<DPL>(a.v_cache + at, v);
-      if (direct >= 0) {
-        uint8_t* k_row = smem + kRowsQ * RB + ((n_tiles - 1) * 2 * kKeys + (pos - start) % kKeys) * RB;
-        store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row) + lane * DPL, x);
-        store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row + kKeys * RB) + lane * DPL, v);
-      }
+  // Items 0 .. n_fresh-1: this step's keys in the prologue's tiles; then query rows 0 .. 15.
+  const int prologue_end = min(end, start + (kStages - 1) * kKeys);
+  const int n_fresh = max(0, prologue_end - fresh);
+  for (int item = warp; item < n_fresh + kRowsQ; item += kWarps) {
+    if (item < n_fresh) {
+      put_fresh(fresh + item);
     } else {
-      const int h = item - 1;
+      float x[DPL];
+      const int h = item - n_fresh;
       if (h < G) {
-        const float* src = a.qkv + static_cast<size_t>(g * G + h) * 2 * D + lane * DPL;
+        const float* src = qkv + static_cast<size_t>(g * G + h) * 2 * D + lane * DPL;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) x[i] = src[i];
-        norm_rope<DPL>(x, a.q_norm, pos, a.rot_dim, a.inv_freq, a.eps, lane);
+        norm_rope<DPL>(x, a.q_norm, p, a.rot_dim, a.inv_freq, a.eps, lane);
 #pragma unroll
         for (int i = 0; i < DPL; ++i) x[i] *= rsqrtf(static_cast<float>(D));
       } else {
@@ -126,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
       store_bf16<DPL>(reinterpret_cast<uint16_t*>(smem + h * RB) + lane * DPL, x);
     }
   }
-  // (The first loop iteration's barrier publishes Q, the direct row and the appended
-  // cache row, before any later tile is issued.)
+  // (The first loop iteration's barrier publishes Q and the fresh rows, before any later
+  // tile is issued.)
 
   // ldmatrix lane addresses (fragment layouts of mma.m16n8k16):
   //   Q (A, x4): (heads 0-7 | 8-15) x (d 0-7 | 8-15) -> lane row l&15, chunk l>>4
@@ -148,7 +162,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile t visible to all; every warp is done with the stage refilled next
-    if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, -1);
+    if (t + kStages - 1 < n_tiles) {
+      const int tn = t + kStages - 1, first = max(fresh, start + tn * kKeys), last = min(end, start + (tn + 1) * kKeys);
+      load_tile(tn);
+      for (int key = first + warp; key < last; key += kWarps) put_fresh(key);  // published by tile tn's barrier
+    }
     cp_async_commit();
     const int key0 = start + t * kKeys + warp * 16;  // this warp's first key
     if (key0 >= end) continue;
@@ -259,8 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     return y;
   };
   if (n_splits == 1) {
-    const float* gate = a.qkv + static_cast<size_t>(g) * G * 2 * D + D;  // + h*2D + d
-    float* out = a.out + static_cast<size_t>(g) * G * D;
+    const float* gate = qkv + static_cast<size_t>(g) * G * 2 * D + D;  // + h*2D + d
+    float* out = a.out + (static_cast<size_t>(row) * a.Hq + g * G) * D;
     for (int i = tid; i < G * D; i += kThreads) {
       const int h = i / D, d = i % D;
       out[i] = acc_at(h, d) / head_l[h] * sigmoidf_(gate[h * 2 * D + d]);
@@ -268,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     return;
   }
   const size_t stride = static_cast<size_t>(G) * (D + 2);
-  float* part = a.partial + (static_cast<size_t>(g) * a.max_splits + split) * stride;
+  float* part = a.partial + ((static_cast<size_t>(row) * a.Hkv + g) * a.max_splits + split) * stride;
   for (int i = tid; i < G * D; i += kThreads) part[(i / D) * (D + 2) + i % D] = acc_at(i / D, i % D);
   if (tid < G) {
     part[tid * (D + 2) + D] = head_m[tid];
@@ -277,20 +295,21 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
 }
 
 template <int D>
-void launch_tc(const AttnArgs& a, const int* halt, cudaStream_t stream) {
+void launch_tc(const AttnArgs& a, const int* halt, cudaStream_t stream, int rows) {
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_tc_kernel<D>), kSmemBytes<D>,
                      "attention_decode_tc: shared memory opt-in");
-  launch("attention_decode_tc", attention_tc_kernel<D>, dim3(a.Hkv, a.max_splits), dim3(kThreads), kSmemBytes<D>,
+  launch("attention_decode_tc", attention_tc_kernel<D>, dim3(a.Hkv, a.max_splits, rows), dim3(kThreads), kSmemBytes<D>,
          stream, a, halt);
-  launch("attention_merge", attention_merge_kernel<D>, dim3(a.Hq), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
+  launch("attention_merge", attention_merge_kernel<D>, dim3(a.Hq, rows), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
 }
 
 bool misaligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; }
 
 }  // namespace
 
-void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream) {
+void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream, int rows) {
   using std::to_string;
+  if (rows < 1 || rows > kMaxStepRows) fail("attention_decode_tc: rows must be in [1, ", to_string(kMaxStepRows), "]");
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0 || a.Hq / a.Hkv > kRowsQ)
     fail("attention_decode_tc: needs Hq (", to_string(a.Hq), ") a multiple of Hkv (", to_string(a.Hkv),
          ") with at most ", to_string(kRowsQ), " query heads per KV head");
@@ -306,9 +325,9 @@ void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream
   if (misaligned(a.k_cache, 16) || misaligned(a.v_cache, 16))
     fail("attention_decode_tc: k_cache and v_cache must be 16-byte aligned (cp.async)");
   switch (a.D) {
-    case 64: launch_tc<64>(a, halt, stream); break;
-    case 128: launch_tc<128>(a, halt, stream); break;
-    default: launch_tc<256>(a, halt, stream); break;
+    case 64: launch_tc<64>(a, halt, stream, rows); break;
+    case 128: launch_tc<128>(a, halt, stream, rows); break;
+    default: launch_tc<256>(a, halt, stream, rows); break;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "decode_step.h"
+#include "gdn_decode.h"
 #include "env.h"
 #include "lm_head.h"
 #include "prefill_step.h"
@@ -27,6 +28,15 @@ enum class Graph : int {
   Logits,  // logits[p] = head(h)
   Step,    // feed slot p, logits[1-p], choose into slot 1-p
   Choose,  // choose from logits[p] into slot p
+  Verify,  // feed the workspace's `rows` step tokens from state p, their logits and argmax
+};
+
+struct GraphKey {
+  Graph kind;
+  int parity;
+  Choice how;
+  int rows;
+  auto operator<=>(const GraphKey&) const = default;
 };
 
 class CudaSession : public Session {
@@ -35,7 +45,7 @@ class CudaSession : public Session {
     max_context = ctx;
     dev.ctx = static_cast<int>(ctx);
     const size_t kv_bytes = static_cast<size_t>(ctx) * c.attn_kv_dim() * 2;
-    const size_t ring_floats = 4 * static_cast<size_t>(c.gdn_conv_dim());
+    const size_t ring_floats = kGdnRingRows * static_cast<size_t>(c.gdn_conv_dim());
     const size_t state_floats = static_cast<size_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
     for (LayerKind k : c.layer_kinds) {
       if (k == LayerKind::Full) {
@@ -52,13 +62,21 @@ class CudaSession : public Session {
     ring_bytes = ring_floats * 4;
     state_bytes = state_floats * 4;
   }
+
+  // The recurrent state after each verified token but the last, per linear layer (first
+  // verify only: the graphs that write them bake the pointers in).
+  void reserve_state_rows() {
+    if (!dev.state_rows.empty() || dev.ring.empty()) return;
+    for (size_t l = 0; l < dev.ring.size(); ++l)
+      dev.state_rows.push_back(alloc((kMaxStepRows - 1) * state_bytes, "verify states", false).as<float>());
+  }
   ~CudaSession() override {
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
   }
 
   SessionState dev;
   int parity = 0;  // state[parity], logits[parity] and token slot parity are current
-  std::map<int, cudaGraphExec_t> graphs;
+  std::map<GraphKey, cudaGraphExec_t> graphs;
   size_t kv_row_bytes = 0, ring_bytes = 0, state_bytes = 0;
 
  private:
@@ -147,9 +165,11 @@ class CudaExecutor : public Executor {
 
  protected:
   void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) override;
+  void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) override;
+  void keep_step(Session& s, int64_t n, int64_t m) override;
 
  private:
-  cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how);
+  cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how, int rows = 1);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
   void copy_session(CudaSession& dst, const CudaSession& src);
   void prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits);
@@ -183,8 +203,8 @@ void CudaExecutor::reserve_staging(int64_t n) {
   staging_cap_ = n;
 }
 
-cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice how) {
-  const int key = static_cast<int>(kind) * 100 + p * 10 + static_cast<int>(how);
+cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice how, int rows) {
+  const GraphKey key{kind, p, how, rows};
   if (auto it = s.graphs.find(key); it != s.graphs.end()) return it->second;
   const ModelConfig& c = weights_->config;
   cudaGraph_t g = nullptr;
@@ -198,6 +218,10 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice ho
         enqueue_head(c, *dw_, *ws_, s.dev, 1 - p, true, true, how, stream_);
         break;
       case Graph::Choose: enqueue_head(c, *dw_, *ws_, s.dev, p, false, true, how, stream_); break;
+      case Graph::Verify:
+        enqueue_body(c, *dw_, *ws_, s.dev, p, stream_, rows);
+        enqueue_verify_head(c, *dw_, *ws_, rows, stream_);
+        break;
     }
   } catch (...) {
     cudaStreamEndCapture(stream_, &g);
@@ -290,6 +314,53 @@ void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n
   check(cudaStreamSynchronize(stream_), "forward (decode step kernels)");
 }
 
+// Verify: one step of n rows (decode_step.h) from state[parity]; the state after the last
+// row lands in state[1 - parity] (then current), the others in state_rows.
+void CudaExecutor::verify_step(Session& base, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) {
+  CudaSession& s = cs(base);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  if (std::string why; !verify_supported(*dw_, *ws_, &why)) fail("verify: ", why);
+  const int64_t V = weights_->config.vocab_size;
+  const int rows = static_cast<int>(n);
+  s.reserve_state_rows();
+  cudaGraphExec_t g = graph(s, Graph::Verify, s.parity, Choice::Greedy, rows);
+  reserve_staging(n);
+  std::copy(tokens, tokens + n, staging_);
+  check(cudaMemcpyAsync(ws_->step_tokens, staging_, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (verify tokens)");
+  run(g);
+  if (logits)
+    check(cudaMemcpyAsync(logits, ws_->step_logits, n * V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (logits)");
+  if (argmax)
+    check(cudaMemcpyAsync(staging_, ws_->step_argmax, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync (argmax)");
+  s.parity ^= 1;
+  check(cudaMemcpyAsync(s.dev.logits[s.parity], ws_->step_logits + (n - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync (logits)");
+  check(cudaStreamSynchronize(stream_), "verify");
+  if (argmax) std::copy(staging_, staging_ + n, argmax);
+  if (logits) s.last_logits.assign(logits + (n - 1) * V, logits + n * V);  // else left for forward / generate to refresh
+  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+}
+
+// Keeps m of the n verified rows: the state after row m - 1 becomes current, its logits
+// too, and the position steps back (the dropped rows' K/V and ring rows lie past it). The
+// host copy of the logits is left to forward / generate (a round's 1 MB at 35B-A3B).
+void CudaExecutor::keep_step(Session& base, int64_t n, int64_t m) {
+  CudaSession& s = cs(base);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  const int64_t V = weights_->config.vocab_size;
+  for (size_t l = 0; l < s.dev.state_rows.size(); ++l)
+    check(cudaMemcpyAsync(s.dev.state[s.parity][l], s.dev.state_rows[l] + (m - 1) * (s.state_bytes / 4), s.state_bytes,
+                          cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync (verify state)");
+  check(cudaMemcpyAsync(s.dev.logits[s.parity], ws_->step_logits + (m - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync (logits)");
+  staging_[0] = static_cast<int32_t>(s.position() - (n - m));
+  check(cudaMemcpyAsync(s.dev.pos, staging_, sizeof(int), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (position)");
+  check(cudaStreamSynchronize(stream_), "keep_verified");
+}
+
 void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) {
   const SamplingParams& p = req.sampling;
   if (req.stop_ids.size() > static_cast<size_t>(kMaxStopIds))
@@ -339,6 +410,7 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
 GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req, const TokenCallback& on_token) {
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
+  s.verified = 0;
   GenerateResult r;
   if (s.pending >= 0 && s.position() + 1 > s.max_context) {
     r.finish_reason = "length";
@@ -508,6 +580,7 @@ void CudaExecutor::copy_session(CudaSession& dst, const CudaSession& src) {
   dst.pending = src.pending;
   dst.last_logits = src.last_logits;
   dst.parity = src.parity;
+  dst.verified = 0;
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include "gemv.h"
 #include "lm_head.h"
 #include "moe_experts.h"
-#include "moe_fused.h"
 #include "moe_router.h"
 #include "sampler.h"
 
@@ -22,32 +21,50 @@ T* Workspace::alloc(size_t n, const char* what) {
 }
 
 Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
-  const size_t H = c.hidden_size, V = c.vocab_size;
+  const size_t H = c.hidden_size, V = c.vocab_size, T = kMaxStepRows;
   const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
   const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
-  h = alloc<float>(H, "workspace h");
-  proj = alloc<float>(std::max(gdn_rows, attn_rows), "workspace projections");
-  mix = alloc<float>(std::max<size_t>(c.gdn_value_dim(), c.attn_q_dim()), "workspace mixer output");
-  ids = alloc<int>(c.num_experts_per_tok, "workspace expert ids");
-  route_w = alloc<float>(c.num_experts_per_tok, "workspace routing weights");
-  shared_gate = alloc<float>(1, "workspace shared gate");
-  moe_sync = alloc<unsigned>(2, "workspace moe_fused barrier");
-  moe_fused = env_flag("LILY_CUDA_MOE_FUSED", false);
-  if (moe_fused) router_logits = alloc<float>(c.num_experts + 1, "workspace router logits (moe_fused)");
+  h = alloc<float>(T * H, "workspace h");
+  proj = alloc<float>(T * std::max(gdn_rows, attn_rows), "workspace projections");
+  mix = alloc<float>(T * std::max<size_t>(c.gdn_value_dim(), c.attn_q_dim()), "workspace mixer output");
+  ids = alloc<int>(T * c.num_experts_per_tok, "workspace expert ids");
+  route_w = alloc<float>(T * c.num_experts_per_tok, "workspace routing weights");
+  shared_gate = alloc<float>(T, "workspace shared gate");
   attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
   min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
-  act = alloc<float>(c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size,
+  act = alloc<float>(T * (c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size),
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)
     attn_partial = alloc<float>(
-        attention_partial_floats(c.num_attention_heads, c.num_key_value_heads, c.head_dim, max_splits),
+        T * attention_partial_floats(c.num_attention_heads, c.num_key_value_heads, c.head_dim, max_splits),
         "workspace attention splits");
-  head_partial = alloc<float2>(lm_head_max_blocks(), "workspace lm_head partials");
+  head_partial = alloc<float2>(T * kLmHeadMaxBlocks, "workspace lm_head partials");
   head_counter = alloc<unsigned>(1, "workspace lm_head counter");
   ctl = alloc<DecodeCtl>(1, "workspace decode control");
   tok_slots = alloc<int>(2, "workspace token slots");
   counts = alloc<int>(V, "workspace token counts");
   seen = alloc<unsigned char>(V, "workspace seen tokens");
+  step_tokens = alloc<int>(T, "workspace verify tokens");
+  step_logits = alloc<float>(T * V, "workspace verify logits");
+  step_argmax = alloc<int>(T, "workspace verify argmax");
+}
+
+bool verify_supported(const DeviceWeights& W, const Workspace& ws, std::string* why) {
+  auto no = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  const char* layout = " is not in the tensor-core layout (4-bit, group 64, at most 4096 columns)";
+  if (!W.lm_head.tiled) return no(std::string("lm_head") + layout);
+  for (size_t i = 0; i < W.layers.size(); ++i) {
+    const DeviceLayer& L = W.layers[i];
+    const std::string at = "layer " + std::to_string(i) + "'s ";
+    if (L.kind == LayerKind::Linear && !(L.gdn_in.tiled && L.gdn_out.tiled)) return no(at + "GDN projections" + layout);
+    if (L.kind == LayerKind::Full && !(L.attn_in.tiled && L.attn_out.tiled)) return no(at + "attention projections" + layout);
+    if (!tiled(L.experts)) return no(at + "expert weights" + layout);
+  }
+  if (!ws.attn_tensor_cores) return no("several tokens a step need the tensor-core attention (LILY_CUDA_ATTN_TC=0 is set)");
+  return true;
 }
 
 Choice choice_for(const SamplingParams& p) {
@@ -57,7 +74,7 @@ Choice choice_for(const SamplingParams& p) {
 }
 
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, int rows) {
   const int* halt = &ws.ctl->halt;
   const float eps = c.rms_norm_eps;
   int full = 0, lin = 0;
@@ -67,7 +84,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     if (i == 0) {  // the step's first kernel: it also reads the halt flag after its wait (decode_ctl.h)
       xin.mode = XMode::EmbedRmsNorm;
       xin.embed = W.embed;
-      xin.token = ws.tok_slots + parity;
+      xin.token = rows == 1 ? ws.tok_slots + parity : ws.step_tokens;
       xin.h_out = ws.h;
     } else {
       xin.mode = XMode::RmsNorm;
@@ -85,6 +102,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       g.neg_A = L.neg_A;
       g.state_in = s.state[parity][lin];
       g.state_out = s.state[1 - parity][lin];
+      g.state_rows = rows > 1 ? s.state_rows[lin] : nullptr;
       g.out = ws.mix;
       g.pos = s.pos;
       g.Hk = c.linear_num_key_heads;
@@ -92,14 +110,14 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       g.Dk = c.linear_key_head_dim;
       g.Dv = c.linear_value_head_dim;
       g.eps = eps;
-      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream);
-      gdn_decode(g, halt, stream);
+      gemv(L.gdn_in, xin, {YMode::Store, ws.proj}, halt, stream, rows);
+      gdn_decode(g, halt, stream, rows);
       XSpec xo;
       xo.x = ws.mix;
-      gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream);
+      gemv(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream, rows);
       ++lin;
     } else {
-      gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream);
+      gemv(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream, rows);
       AttnArgs a;
       a.qkv = ws.proj;
       a.q_norm = L.q_norm;
@@ -118,12 +136,14 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       a.max_splits = ws.max_splits;
       a.min_chunk = ws.min_chunk;
       if (ws.attn_tensor_cores)
-        attention_decode_tc(a, halt, stream);
-      else
+        attention_decode_tc(a, halt, stream, rows);
+      else if (rows == 1)
         attention_decode(a, halt, stream);
+      else
+        fail("decode: a several-token step needs the tensor-core attention (LILY_CUDA_ATTN_TC=0 is set)");
       XSpec xo;
       xo.x = ws.mix;
-      gemv(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream);
+      gemv(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream, rows);
       ++full;
     }
     XSpec xm;
@@ -133,16 +153,10 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     xm.eps = eps;
     const int k = c.num_experts_per_tok;
     const bool last = i + 1 == W.layers.size();
-    if (ws.moe_fused) {
-      moe_fused(L.router, L.experts, xm, k, c.norm_topk_prob,
-                {ws.router_logits, ws.ids, ws.route_w, ws.shared_gate, ws.act, ws.moe_sync}, ws.h,
-                last ? s.pos : nullptr, halt, stream);
-    } else {
-      moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob,
-                 {nullptr, ws.ids, ws.route_w, ws.shared_gate}, halt, stream);
-      moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream);
-      moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream);
-    }
+    moe_router(L.router, xm, c.num_experts, k, c.norm_topk_prob, {nullptr, ws.ids, ws.route_w, ws.shared_gate}, halt,
+               stream, kRouterMaxCluster, rows);
+    moe_gate_up(L.experts, xm, ws.ids, k, ws.act, halt, stream, rows);
+    moe_down(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream, rows);
   }
 }
 
@@ -171,6 +185,21 @@ void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   h.sink = sink;
   if (compute || h.select != HeadSelect::None) lm_head(h, halt, stream);
   if (choose && how == Choice::TopK) sample_topk(s.logits[dst], c.vocab_size, ws.ctl, sink, halt, stream);
+}
+
+void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, int rows, cudaStream_t stream) {
+  HeadArgs h;
+  h.W = W.lm_head;
+  h.X.mode = XMode::RmsNorm;
+  h.X.x = ws.h;
+  h.X.w = W.final_norm;
+  h.X.eps = c.rms_norm_eps;
+  h.logits = ws.step_logits;
+  h.partial = ws.head_partial;
+  h.counter = ws.head_counter;
+  h.rows = rows;
+  h.argmax = ws.step_argmax;
+  lm_head(h, &ws.ctl->halt, stream);
 }
 
 }  // namespace lily::cuda

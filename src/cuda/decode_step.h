@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <string>
 #include <vector>
 
 #include "attention_decode.h"
@@ -17,8 +18,9 @@ namespace lily::cuda {
 // Per-session device state.
 struct SessionState {
   std::vector<uint16_t*> k_cache, v_cache;  // per full layer: bf16 [ctx][Hkv][D]
-  std::vector<float*> ring;                 // per linear layer: [4][conv_dim]
+  std::vector<float*> ring;                 // per linear layer: [kGdnRingRows][conv_dim]
   std::vector<float*> state[2];             // per linear layer, double-buffered [Hv*Dk*Dv]
+  std::vector<float*> state_rows;           // per linear layer, [kMaxStepRows - 1][Hv*Dk*Dv] (verify steps)
   float* logits[2] = {nullptr, nullptr};    // [V]; logits[parity] hold the current ones
   int* pos = nullptr;                       // tokens fed so far
   int ctx = 0;                              // positions the KV cache holds
@@ -28,20 +30,21 @@ struct SessionState {
 class Workspace {
  public:
   explicit Workspace(const ModelConfig& c);
+  // Each holds kMaxStepRows rows (a verify step's tokens).
   float *h = nullptr, *proj = nullptr, *mix = nullptr, *route_w = nullptr, *shared_gate = nullptr, *act = nullptr,
         *attn_partial = nullptr;
-  float* router_logits = nullptr;  // with moe_fused only: its phase 1 -> 2 (moe_router keeps them in shared memory)
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
   unsigned* head_counter = nullptr;
-  unsigned* moe_sync = nullptr;  // [2] grid barrier of moe_fused
-  bool moe_fused = false;        // LILY_CUDA_MOE_FUSED=1: the MoE block in one launch (moe_fused.h)
   bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host
   int max_splits = AttnArgs{}.max_splits;  // attention split-K routing (attention_decode.h)
   int min_chunk = AttnArgs{}.min_chunk;    // LILY_CUDA_ATTN_SPLIT_KEYS=N
+  int* step_tokens = nullptr;   // [kMaxStepRows] a verify step's tokens
+  float* step_logits = nullptr; // [kMaxStepRows][V] its logits
+  int* step_argmax = nullptr;   // [kMaxStepRows] its greedy choices
 
  private:
   std::vector<DeviceBuffer> owned_;
@@ -51,15 +54,25 @@ class Workspace {
 
 enum class Choice : int { Greedy, Gumbel, TopK };
 
+// Whether these weights take several-token (verify) steps; otherwise why not.
+bool verify_supported(const DeviceWeights& W, const Workspace& ws, std::string* why);
+
 Choice choice_for(const SamplingParams& p);
 
-// Feeds the token in slot `parity`: state[parity] -> state[1-parity], pos += 1.
+// Feeds the token in slot `parity`: state[parity] -> state[1-parity], pos += 1. With rows
+// > 1 (a verify step), feeds ws.step_tokens[0 .. rows) at once, each row computed exactly
+// as by its own step: state[parity] -> state_rows (after each token but the last) and
+// state[1-parity] (after the last), pos += rows.
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int rows = 1);
 
 // Head: when `compute`, logits[dst] = lm_head(norm(h)); then, when `choose`, picks a
 // token from logits[dst] into token slot `dst` (and the host's copy of that slot).
 void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,
                   bool compute, bool choose, Choice how, cudaStream_t stream);
+
+// A verify step's head: ws.step_logits[r] = lm_head(norm(h[r])) and ws.step_argmax[r] for
+// every row r < rows.
+void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, int rows, cudaStream_t stream);
 
 }  // namespace lily::cuda

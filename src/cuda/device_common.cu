@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <set>
 #include <tuple>
 
 #include "device_common.cuh"
@@ -16,13 +15,14 @@ bool pdl_enabled() {
 
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
   static std::mutex mu;
-  static std::set<std::tuple<int, const void*, size_t>> done;
+  static std::map<std::pair<int, const void*>, size_t> allowed;  // only ever raised: graphs keep earlier launches
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   std::lock_guard<std::mutex> lock(mu);
-  if (done.count({dev, kernel, bytes})) return;
+  size_t& have = allowed[{dev, kernel}];
+  if (bytes <= have) return;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), op);
-  done.insert({dev, kernel, bytes});
+  have = bytes;
 }
 
 int max_cluster_size(const void* kernel, int threads, size_t smem, int want, const char* op) {

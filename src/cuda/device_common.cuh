@@ -231,8 +231,8 @@ int max_cluster_size(const void* kernel, int threads, size_t smem, int want, con
 // Number of multiprocessors of the current device (cached per device).
 int sm_count();
 
-// Lets `kernel` use `bytes` of dynamic shared memory on the current device (once per
-// device, kernel and size: the attribute belongs to a device); `op` names the failure.
+// Lets `kernel` use at least `bytes` of dynamic shared memory on the current device (the
+// attribute belongs to a device; it is only raised, never lowered); `op` names the failure.
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op);
 
 }  // namespace lily::cuda

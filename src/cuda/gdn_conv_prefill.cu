@@ -14,9 +14,8 @@ constexpr int kRun = 32;   // tokens per warp: >= 3, so only run 0 reaches back 
 
 // silu(conv) of 4 channels: w[u] = the taps of channel u (x: t-3, y: t-2, z: t-1, w: t).
 __device__ __forceinline__ float4 conv_silu(const float4 (&w)[4], float4 p0, float4 p1, float4 p2, float4 x) {
-  auto one = [](float4 w, float a, float b, float c, float d) { return siluf_(w.x * a + w.y * b + w.z * c + w.w * d); };
-  return make_float4(one(w[0], p0.x, p1.x, p2.x, x.x), one(w[1], p0.y, p1.y, p2.y, x.y), one(w[2], p0.z, p1.z, p2.z, x.z),
-                     one(w[3], p0.w, p1.w, p2.w, x.w));
+  return make_float4(conv4_silu(w[0], p0.x, p1.x, p2.x, x.x), conv4_silu(w[1], p0.y, p1.y, p2.y, x.y),
+                     conv4_silu(w[2], p0.z, p1.z, p2.z, x.z), conv4_silu(w[3], p0.w, p1.w, p2.w, x.w));
 }
 
 // Block (x, group): warp w walks the run of kRun tokens starting at t0 = (4x + w) * kRun for
@@ -45,7 +44,7 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_conv_prefill_kernel(GdnConvPr
   const int t1 = min(t0 + kRun, a.T);
   // Pre-conv values of token t >= -3 (t < 0: the ring row of position pos0 + t).
   auto pre = [&](int t) {
-    const float* row = t >= 0 ? a.proj + static_cast<size_t>(t) * a.ldp : a.ring + ((a.pos0 + t) & 3) * conv_dim;
+    const float* row = t >= 0 ? a.proj + static_cast<size_t>(t) * a.ldp : a.ring + ((a.pos0 + t) & (kGdnRingRows - 1)) * conv_dim;
     return *reinterpret_cast<const float4*>(row + ch);
   };
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -77,8 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32) gdn_conv_prefill_kernel(GdnConvPr
   }
 
   if (run == 0 && active)  // after this lane's own ring reads above (same addresses, program order)
-    for (int t = max(0, a.T - 4); t < a.T; ++t)
-      *reinterpret_cast<float4*>(a.ring + ((a.pos0 + t) & 3) * conv_dim + ch) = pre(t);
+    for (int t = max(0, a.T - kGdnRingRows); t < a.T; ++t)
+      *reinterpret_cast<float4*>(a.ring + ((a.pos0 + t) & (kGdnRingRows - 1)) * conv_dim + ch) = pre(t);
   pdl_trigger();
 }
 

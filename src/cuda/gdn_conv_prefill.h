@@ -6,8 +6,8 @@
 //             rows before the chunk come from the ring, which holds zeros before position 0)
 //   q = l2norm(y_q) / sqrt(Dk), k = l2norm(y_k), v = y_v   (l2norm(x) = x * rsqrt(sum x^2 + 1e-6))
 //   beta = sigmoid(b), decay = exp(neg_A * softplus(a + dt_bias))
-// and the ring update of T decode steps: ring[(pos0 + t) % 4] = pre row t for the last
-// min(T, 4) tokens, other rows untouched. Limits: T >= 1, pos0 >= 0, Dk and Dv multiples
+// and the ring update of T decode steps: ring[(pos0 + t) % kGdnRingRows] = pre row t for
+// the last min(T, kGdnRingRows) tokens, other rows untouched. Limits: T >= 1, pos0 >= 0, Dk and Dv multiples
 // of 16 up to 128, Hv % Hk == 0, conv kernel 4; proj, conv_w, ring, q, k, v 16-byte
 // aligned, ldp % 4 == 0.
 #pragma once
@@ -19,7 +19,7 @@ struct GdnConvPrefillArgs {
   const float* proj = nullptr;     // [T][ldp]: q|k|v [conv_dim] | z [Hv*Dv] | b [Hv] | a [Hv] (GdnArgs::proj per row)
   int ldp = 0;                     // row stride of proj in floats
   const float* conv_w = nullptr;   // [conv_dim][4], tap 3 multiplies the current token
-  float* ring = nullptr;           // [4][conv_dim] pre-conv rows by position mod 4 (gdn_decode's ring)
+  float* ring = nullptr;           // [kGdnRingRows][conv_dim] pre-conv rows by position (gdn_decode's ring)
   const float* dt_bias = nullptr;  // [Hv]
   const float* neg_A = nullptr;    // [Hv] = -exp(A_log)
   float* q = nullptr;              // [T][Hk][Dk]

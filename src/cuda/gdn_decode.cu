@@ -12,34 +12,32 @@ constexpr int kMaxDk = 128;
 // k = 4i + t%4 (i < Dk/4): interleaved so the 4 owners of a column read different banks.
 // Its Dk/4 state values are float4 slots j at ((h*S + split) * Dk*C/4 + j*4C + t) * 4.
 // The S blocks of a head form a cluster: the gated norm's sum of squares over the head's
-// Dv outputs is exchanged through distributed shared memory.
+// Dv outputs is exchanged through distributed shared memory. T tokens are stepped in
+// order with the state in registers (each exactly as a one-token launch), the state after
+// each but the last going to state_rows; their gated norms share one cluster exchange.
+template <int T>
 __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* halt) {
   const int split = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
   const int C = a.Dv / kGdnSplit, nk = a.Dk / 4;
   const int kh = h / (a.Hv / a.Hk);
-  const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv;
-  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32], head_ss[kGdnSplit];
+  const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv, proj_rows = conv_dim + a.Hv * a.Dv + 2 * a.Hv;
+  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[16 * (T + 1)], head_ss[T][kGdnSplit];
 
   // Only the input projection (proj) comes from the kernel launched just before this one;
   // pos, the conv ring and the state were last written a step ago (gdn_decode.h), so they
   // and the weights are read before the wait, through L2 (an SM's L1 may be stale).
-  const int pos = __ldcg(a.pos), rc = pos & 3;  // the ring row of this position
+  const int pos = __ldcg(a.pos);
 
   // Causal conv + SiLU of this thread's q, k and v channels (at most one each: Dk, C <= 128
   // threads). The q/k channels of a key head are shared by Hv/Hk value heads and all
-  // splits; one block writes their ring row (identical values, no race on reads).
+  // splits; one block writes their ring rows (identical values, no race on reads).
   const ConvRing ring(a.ring, conv_dim, pos);
-  struct Channel {  // a conv channel and its taps
-    int ch = -1;
-    ConvTap tap;
-  };
-  auto channel = [&](int ch) { return Channel{ch, ConvTap::load(a.conv_w, ring, ch)}; };
-  Channel tq, tk, tv;
+  ConvWindow tq, tk, tv;
   if (t < a.Dk) {
-    tq = channel(kh * a.Dk + t);
-    tk = channel(a.Hk * a.Dk + kh * a.Dk + t);
+    tq = ConvWindow::load(a.conv_w, ring, kh * a.Dk + t);
+    tk = ConvWindow::load(a.conv_w, ring, a.Hk * a.Dk + kh * a.Dk + t);
   }
-  if (t < C) tv = channel(2 * a.Hk * a.Dk + h * a.Dv + split * C + t);
+  if (t < C) tv = ConvWindow::load(a.conv_w, ring, 2 * a.Hk * a.Dk + h * a.Dv + split * C + t);
   const float dt_bias = a.dt_bias[h], neg_A = a.neg_A[h];
 
   const int col = t >> 2, kq = t & 3;
@@ -47,8 +45,8 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   const int v_idx = h * a.Dv + split * C + (active ? col : 0);  // this thread's output
   const float norm_w = a.norm_w[split * C + (active ? col : 0)];
   const size_t base = (static_cast<size_t>(h) * kGdnSplit + split) * a.Dk * C / 4;
+  const size_t state_floats = static_cast<size_t>(a.Hv) * a.Dk * a.Dv;
   const float4* sin4 = reinterpret_cast<const float4*>(a.state_in) + base;
-  float4* sout4 = reinterpret_cast<float4*>(a.state_out) + base;
   float s[kMaxDk / 4];
 #pragma unroll
   for (int j = 0; j < kMaxDk / 16; ++j) {
@@ -62,51 +60,68 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
 
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
-  // The gate inputs z, beta and a first: their loads overlap the conv and the reductions.
-  const float z = a.proj[conv_dim + v_idx];
-  const float beta_in = a.proj[conv_dim + a.Hv * a.Dv + h], decay_in = a.proj[conv_dim + a.Hv * a.Dv + a.Hv + h];
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
-  auto conv = [&](const Channel& c, bool write) {
-    const float x = a.proj[c.ch];
-    if (write) a.ring[rc * conv_dim + c.ch] = x;
-    return c.tap.apply(x);
-  };
-  float sq = 0.0f, sk = 0.0f;
-  if (t < a.Dk) {
-    const float q = conv(tq, owner), k = conv(tk, owner);
-    qs[t] = q;
-    ks[t] = k;
-    sq = q * q;
-    sk = k * k;
-  }
-  if (t < C) vs[t] = conv(tv, true);
-  float qk_ss[2] = {sq, sk};
-  block_sums(qk_ss, red);
-  timeline_mark(0);  // conv and the q/k sums of squares done
-  const float q_ss = qk_ss[0], k_ss = qk_ss[1];
-  const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
-  const float o = delta_rule(s, nk, kq, qs, ks, q_ss, k_ss, a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
-  timeline_mark(1);  // the recurrence done
+  float o[T], z[T], part[T];
 #pragma unroll
-  for (int j = 0; j < kMaxDk / 16; ++j)
-    if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+  for (int r = 0; r < T; ++r) {
+    const float* proj = a.proj + static_cast<size_t>(r) * proj_rows;
+    const int rc = (pos + r) & (kGdnRingRows - 1);  // the ring row of this token's position
+    // The gate inputs z, beta and a first: their loads overlap the conv and the reductions.
+    z[r] = proj[conv_dim + v_idx];
+    const float beta_in = proj[conv_dim + a.Hv * a.Dv + h], decay_in = proj[conv_dim + a.Hv * a.Dv + a.Hv + h];
+    auto conv = [&](ConvWindow& c, int ch, bool write) {
+      const float x = proj[ch];
+      if (write) a.ring[rc * conv_dim + ch] = x;
+      return c.step(x);
+    };
+    float sq = 0.0f, sk = 0.0f;
+    if (t < a.Dk) {
+      const float q = conv(tq, kh * a.Dk + t, owner), k = conv(tk, a.Hk * a.Dk + kh * a.Dk + t, owner);
+      qs[t] = q;
+      ks[t] = k;
+      sq = q * q;
+      sk = k * k;
+    }
+    if (t < C) vs[t] = conv(tv, 2 * a.Hk * a.Dk + h * a.Dv + split * C + t, true);
+    float qk_ss[2] = {sq, sk};
+    block_sums(qk_ss, red);
+    if (r == 0) timeline_mark(0);  // conv and the q/k sums of squares done
+    const float beta = sigmoidf_(beta_in), decay = gdn_decay(decay_in, dt_bias, neg_A);
+    o[r] = delta_rule(s, nk, kq, qs, ks, qk_ss[0], qk_ss[1], a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+    float* sout = r == T - 1 ? a.state_out : a.state_rows + r * state_floats;
+    float4* sout4 = reinterpret_cast<float4*>(sout) + base;
+#pragma unroll
+    for (int j = 0; j < kMaxDk / 16; ++j)
+      if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    part[r] = active && kq == 0 ? o[r] * o[r] : 0.0f;
+    if (r + 1 < T) __syncthreads();  // qs, ks and vs are rewritten by the next token
+  }
+  timeline_mark(1);  // the recurrence done
 
   // Gated RMSNorm over the head (its kGdnSplit blocks form the cluster).
-  const float part = block_sum(active && kq == 0 ? o * o : 0.0f, red);
+  if constexpr (T == 1) part[0] = block_sum(part[0], red);
+  else block_sums(part, red);
   cluster_wait();  // every block of the head has started
-  const float hinv = head_inv_rms(part, head_ss, split, a.Dv, a.eps);
-  if (active && kq == 0) a.out[v_idx] = o * hinv * norm_w * siluf_(z);
+  float hinv[T];
+  head_inv_rms<T>(part, head_ss, split, a.Dv, a.eps, hinv);
+  if (active && kq == 0)
+#pragma unroll
+    for (int r = 0; r < T; ++r) a.out[static_cast<size_t>(r) * a.Hv * a.Dv + v_idx] = o[r] * hinv[r] * norm_w * siluf_(z[r]);
   timeline_done();
 }
 
 }  // namespace
 
-void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream) {
+void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream, int rows) {
   if (a.Dk > kMaxDk || a.Dk % 16 != 0) fail("gdn_decode: key head dim must be a multiple of 16, <= 128");
   if (a.Dv % kGdnSplit != 0 || a.Dv / kGdnSplit * 4 > 128) fail("gdn_decode: value head dim must be a multiple of 4, <= 128");
   if (a.Hk <= 0 || a.Hv % a.Hk != 0) fail("gdn_decode: value heads must be a multiple of key heads");
   if (!a.norm_w) fail("gdn_decode: the gated norm weight (norm_w) is missing");
-  launch_clustered("gdn_decode", kGdnSplit, gdn_decode_kernel, dim3(kGdnSplit, a.Hv), dim3(128), 0, stream, a, halt);
+  if (rows < 1 || rows > kMaxStepRows) fail("gdn_decode: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (rows > 1 && !a.state_rows) fail("gdn_decode: ", std::to_string(rows), " rows need state_rows");
+  with_step_rows(rows, [&](auto t) {
+    launch_clustered("gdn_decode", kGdnSplit, gdn_decode_kernel<t>, dim3(kGdnSplit, a.Hv), dim3(128), 0, stream, a, halt);
+  });
 }
 
 size_t gdn_state_index(int Hv, int Dk, int Dv, int h, int k, int v) {

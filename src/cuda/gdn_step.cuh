@@ -7,30 +7,46 @@
 
 namespace lily::cuda {
 
-// The ring of pre-conv rows by position mod 4: the rows of positions pos-3, pos-2, pos-1.
-// They were written a step ago or earlier, so they are read through L2 and may be read
-// before the PDL wait.
+// The ring of pre-conv rows by position mod kGdnRingRows: the rows of positions pos-3,
+// pos-2, pos-1. They were written a step ago or earlier, so they are read through L2 and
+// may be read before the PDL wait.
 struct ConvRing {
   const float* ring;
   int conv_dim, r0, r1, r2;  // rows of pos-3, pos-2, pos-1
   __device__ __forceinline__ ConvRing(const float* ring_, int conv_dim_, int pos)
-      : ring(ring_), conv_dim(conv_dim_), r0((pos + 1) & 3), r1((pos + 2) & 3), r2((pos + 3) & 3) {}
+      : ring(ring_), conv_dim(conv_dim_), r0((pos - 3) & (kGdnRingRows - 1)), r1((pos - 2) & (kGdnRingRows - 1)),
+        r2((pos - 1) & (kGdnRingRows - 1)) {}
   __device__ __forceinline__ float at(int row, int ch) const { return __ldcg(ring + row * conv_dim + ch); }
 };
 
-// One causal-conv channel (kernel 4): its weights and its taps of the three previous positions.
-struct ConvTap {
-  float4 w = {};
-  float past = 0.0f;  // w.x ring[pos-3] + w.y ring[pos-2] + w.z ring[pos-1]
+// SiLU of one channel's causal conv (kernel 4): taps w (x: t-3, y: t-2, z: t-1, w: t) over
+// the pre-conv values a, b, c (t-3 .. t-1) and x (t); decode and prefill alike.
+__device__ __forceinline__ float conv4_silu(float4 w, float a, float b, float c, float x) {
+  return siluf_(fmaf(w.w, x, fmaf(w.z, c, fmaf(w.y, b, w.x * a))));
+}
 
-  __device__ __forceinline__ static ConvTap load(const float* conv_w, const ConvRing& ring, int ch) {
-    ConvTap c;
+// One causal-conv channel (kernel 4): its weights and the pre-conv values of the three
+// previous positions; step(x) gives the SiLU of the conv output at x's position and
+// shifts x in, so consecutive tokens of one step see what single steps would.
+struct ConvWindow {
+  float4 w = {};
+  float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f;  // positions -3, -2, -1
+
+  __device__ __forceinline__ static ConvWindow load(const float* conv_w, const ConvRing& ring, int ch) {
+    ConvWindow c;
     c.w = reinterpret_cast<const float4*>(conv_w)[ch];
-    c.past = c.w.x * ring.at(ring.r0, ch) + c.w.y * ring.at(ring.r1, ch) + c.w.z * ring.at(ring.r2, ch);
+    c.p0 = ring.at(ring.r0, ch);
+    c.p1 = ring.at(ring.r1, ch);
+    c.p2 = ring.at(ring.r2, ch);
     return c;
   }
-  // SiLU of the conv output, x the channel's current pre-conv value.
-  __device__ __forceinline__ float apply(float x) const { return siluf_(past + w.w * x); }
+  __device__ __forceinline__ float step(float x) {
+    const float y = conv4_silu(w, p0, p1, p2, x);
+    p0 = p1;
+    p1 = p2;
+    p2 = x;
+    return y;
+  }
 };
 
 // decay = exp(-exp(A_log) * softplus(a + dt_bias)), given neg_A = -exp(A_log).
@@ -69,18 +85,27 @@ __device__ __forceinline__ float delta_rule(float (&s)[N], int nk, int lane_k, c
   return quad_sum(o);
 }
 
-// 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster:
-// each block's sum of o^2 (part) goes into every block's head_ss[split] through
-// distributed shared memory; after the cluster barrier all add them in split order (the
-// same total everywhere). Every block must have started (cluster_wait) before the call.
-__device__ __forceinline__ float head_inv_rms(float part, float* head_ss, int split, int Dv, float eps) {
+// 1 / RMS of a value head's Dv outputs split over the kGdnSplit blocks of its cluster, for
+// T tokens: each block's sums of o^2 (part) go into every block's head_ss[t][split]
+// through distributed shared memory; after the cluster barrier all add them in split order
+// (the same total everywhere). Every block must have started (cluster_wait) before the call.
+template <int T>
+__device__ __forceinline__ void head_inv_rms(const float (&part)[T], float (*head_ss)[kGdnSplit], int split, int Dv,
+                                             float eps, float (&inv)[T]) {
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (threadIdx.x < kGdnSplit) cluster.map_shared_rank(head_ss, static_cast<int>(threadIdx.x))[split] = part;
-  cluster.sync();
-  float ss = 0.0f;
+  if (threadIdx.x < kGdnSplit) {
+    float (*dst)[kGdnSplit] = cluster.map_shared_rank(head_ss, static_cast<int>(threadIdx.x));
 #pragma unroll
-  for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[i];
-  return rsqrtf(ss / Dv + eps);
+    for (int t = 0; t < T; ++t) dst[t][split] = part[t];
+  }
+  cluster.sync();
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGdnSplit; ++i) ss += head_ss[t][i];
+    inv[t] = rsqrtf(ss / Dv + eps);
+  }
 }
 
 }  // namespace lily::cuda

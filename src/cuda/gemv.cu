@@ -16,9 +16,7 @@ constexpr int kWarps = 8;
 template <int BITS, int R, int U>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ float4 smem[];
-  float4* xs = smem;
-  float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
-  float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
+  const FmaStage st = fma_stage<BITS>(smem, W.cols);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n_groups = (W.rows + R - 1) / R;
   auto W_of = [&](int) -> const QMat& { return W; };
@@ -29,14 +27,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
   RowWalk<BITS, R, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, n_groups, W.chunks());
   walk.prefetch(W_of, rows_of, lane);
   if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;
-  stage_x<BITS>(X, W.cols, xs, xsum, scratch);
-  walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[R]) {
+  stage_x<BITS>(X, W.cols, st);
+  walk.run(W_of, rows_of, st.xs, st.xsum, lane, [&](int g, const float (&acc)[1][R]) {
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (g * R + r < W.rows) {
-          if (Y.mode == YMode::Add) Y.y[g * R + r] += acc[r];
-          else Y.y[g * R + r] = acc[r];
+          if (Y.mode == YMode::Add) Y.y[g * R + r] += acc[0][r];
+          else Y.y[g * R + r] = acc[0][r];
         }
     }
   });
@@ -46,52 +44,59 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(QMat W, XSpec X, YSpe
 // Tensor-core path (tiled 4-bit weights): a block takes 16-row blocks in turn, its WARPS
 // warps split the groups (GPW each) and meet in shared memory; the next row block's tiles
 // are loaded while this one is computed, the first before the wait on the previous kernel.
-// Two blocks of 8 warps or one of 16 fill a multiprocessor.
-template <int WARPS, int GPW>
+// Two blocks of 8 warps or one of 16 fill a multiprocessor. T x rows share every tile
+// (qmma.cuh: MmaRows), each summed exactly as alone.
+template <int WARPS, int GPW, int T>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_mma_kernel(QMat W, XSpec X, YSpec Y, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
-  __shared__ float red[2][WARPS][16];
+  const MmaStage st = mma_stage(smem_u4, W.cols, T);
+  __shared__ float red[2][T * WARPS][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;  // the output row of threads < 16 T
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
   // The residual of the first row block, read before the wait (gemv.h says why that is safe):
   // its round trip leaves the kernel's tail.
-  const int row0 = rb * 16 + threadIdx.x;
-  const float resid0 = Y.mode == YMode::Add && threadIdx.x < 16 && row0 < W.rows ? __ldcg(Y.y + row0) : 0.0f;
+  const int row0 = rb * 16 + r_out;
+  const bool out0 = threadIdx.x < 16 * T && row0 < W.rows;
+  const float resid0 = Y.mode == YMode::Add && out0 ? __ldcg(Y.y + static_cast<size_t>(t_out) * W.rows + row0) : 0.0f;
   if (wait_halted(halt, X.mode == XMode::EmbedRmsNorm)) return;
-  stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
+  stage_x_mma<T>(X, W.cols, st);
+  const MmaRows xr = mma_rows<T>(st, W.cols, lane);
   timeline_mark(0);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
     if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
-    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    cur.accumulate(g0, G, g0, xr.xf, xr.xsum, lane, y0, y1);
     if (it == 0) timeline_mark(1);
-    const float y = reduce_rows16(red[it & 1], y0, y1);
-    const int row = rb * 16 + threadIdx.x;
-    if (threadIdx.x < 16 && row < W.rows) {
-      if (Y.mode == YMode::Add) Y.y[row] = (it == 0 ? resid0 : Y.y[row]) + y;
-      else Y.y[row] = y;
+    const float y = reduce_rows16<T>(red[it & 1], y0, y1);
+    const int row = rb * 16 + r_out;
+    if (threadIdx.x < 16 * T && row < W.rows) {
+      float* dst = Y.y + static_cast<size_t>(t_out) * W.rows + row;
+      if (Y.mode == YMode::Add) *dst = (it == 0 ? resid0 : *dst) + y;
+      else *dst = y;
     }
   }
   timeline_done();
 }
 
-template <int WARPS, int GPW>
+template <int WARPS, int GPW, int T>
 void launch_gemv_mma(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
-  auto kernel = gemv_mma_kernel<WARPS, GPW>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
+  auto kernel = gemv_mma_kernel<WARPS, GPW, T>;
+  const size_t smem = stage_mma_bytes(W.cols, T);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), std::max<size_t>(smem, 64 * 1024), "gemv: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, 24 * 1024), "gemv: occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WARPS * 32, std::max<size_t>(smem, 24 * 1024)),
+          "gemv: occupancy");
     return std::max(n, 1);
   }();
   const int n_rb = (W.rows + 15) / 16;
   const int grid = std::min(n_rb, blocks_per_sm * sm_count());
-  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(WARPS * 32), stage_mma_bytes(W.cols), stream, W, X, Y, halt);
+  launch("gemv (tensor cores)", kernel, dim3(grid), dim3(WARPS * 32), smem, stream, W, X, Y, halt);
 }
 
 template <int BITS, int R, int U>
@@ -99,7 +104,7 @@ void launch_gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt,
   auto kernel = gemv_kernel<BITS, R, U>;
   const size_t smem = stage_bytes<BITS>(W.cols);
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "gemv: set smem");
-  static int blocks_per_sm = [&] {
+  static const int blocks_per_sm = [&] {
     int n = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "gemv: occupancy");
     return std::max(n, 1);
@@ -131,8 +136,10 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 
 }  // namespace
 
-void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream) {
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, int rows) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
+  if (rows < 1 || rows > kMaxStepRows) fail("gemv: rows ", std::to_string(rows), " must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (rows > 1 && !W.tiled) fail("gemv: ", std::to_string(rows), " x rows need tiled (tensor-core) weights");
   if (W.tiled) {
     // Both block shapes take the same widths: 8 groups of 64 columns a warp of 8.
     if (W.cols > 8 * 64 * kWarps)
@@ -140,10 +147,13 @@ void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaSt
            ") are not supported");
     // One row block per multiprocessor or fewer (the out-projections): a block of 16 warps,
     // twice the loads in flight behind each multiprocessor's tiles.
-    if ((W.rows + 15) / 16 <= sm_count())
-      with_groups_per_warp(W.cols, 16, "gemv", [&](auto gpw) { launch_gemv_mma<16, gpw>(W, X, Y, halt, stream); });
-    else
-      with_groups_per_warp(W.cols, kWarps, "gemv", [&](auto gpw) { launch_gemv_mma<kWarps, gpw>(W, X, Y, halt, stream); });
+    const bool wide = (W.rows + 15) / 16 <= sm_count();
+    with_step_rows(rows, [&](auto t) {
+      if (wide)
+        with_groups_per_warp(W.cols, 16, "gemv", [&](auto gpw) { launch_gemv_mma<16, gpw, t>(W, X, Y, halt, stream); });
+      else
+        with_groups_per_warp(W.cols, kWarps, "gemv", [&](auto gpw) { launch_gemv_mma<kWarps, gpw, t>(W, X, Y, halt, stream); });
+    });
   } else if (W.bits == 4) pick_tile<4>(W, X, Y, halt, stream);
   else if (W.bits == 8) pick_tile<8>(W, X, Y, halt, stream);
   else fail("gemv: ", std::to_string(W.bits), "-bit weights are not supported (4 or 8)");

@@ -1,5 +1,7 @@
-// y = W x for one token (decode): W an MLX affine 4/8-bit matrix, x built by the block
-// from an XSpec (plain, RMSNorm, embedding + RMSNorm).
+// y = W x for one token (decode), or for `rows` tokens at once: W an MLX affine 4/8-bit
+// matrix, x built by the block from an XSpec (plain, RMSNorm, embedding + RMSNorm); row t
+// of x at X.x + t * cols (or token X.token[t]), of y at Y.y + t * W.rows. Several rows
+// need tiled weights; each row's y is bit-identical to a one-row launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,6 +22,6 @@ struct YSpec {
 // YMode::Add on tiled weights reads a block's first rows of y before waiting on the kernel
 // launched just before it (PDL), so that kernel must not write y; any earlier one may, as
 // every kernel here lets its dependents start only after its own wait.
-void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream);
+void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, int rows = 1);
 
 }  // namespace lily::cuda

@@ -73,6 +73,13 @@ __device__ __forceinline__ float chunk_dot8(const uint4& c, const float4 (&xv)[4
 template <int BITS>
 __host__ __device__ constexpr int slots_per_chunk() { return BITS == 4 ? 8 : 4; }
 
+// One x row staged for the fp32 dot (stage_x), in floats: xs [cols/4 float4] then xsum
+// [cols/cpc], rounded up to float4s. T rows lie this far apart, then the scratch floats.
+template <int BITS>
+__host__ __device__ constexpr int stage_floats(int cols) {
+  return (cols + cols / cols_per_chunk<BITS>() + 3) / 4 * 4;
+}
+
 // The staged x slots of chunk u.
 template <int BITS>
 __device__ __forceinline__ void load_x(const float4* xs, int u, float4 (&xv)[slots_per_chunk<BITS>()]) {
@@ -131,9 +138,10 @@ struct RowTile {
 // ub of 32U chunks), loading step i+1 while step i is consumed. The first tile may be
 // loaded before the kernel waits on its predecessor (weights are constant):
 //   RowWalk<...> walk(first, stride, n_groups, chunks); walk.prefetch(W_of, rows_of, lane);
-//   pdl_wait(); stage x; walk.run(W_of, rows_of, xs, xsum, lane, done);
+//   pdl_wait(); stage x; walk.run<T>(W_of, rows_of, xs, xsum, lane, done);
 // rows_of(g, row) fills the R rows of group g; W_of(g) is its matrix; done(g, acc) gets
-// the warp-reduced sums (every lane holds them).
+// the warp-reduced sums acc[t][r] of x row t (every lane holds them). T x rows (staged
+// stage_floats<BITS>(cols) apart) share each tile; row t sums exactly as a T = 1 walk.
 template <int BITS, int R, int U>
 struct RowWalk {
   int g, ub, stride, n_groups, chunks, steps;
@@ -150,12 +158,16 @@ struct RowWalk {
     next.load(W_of(g), row, 0, lane);
   }
 
-  template <typename WOf, typename RowsOf, typename Done>
+  template <int T = 1, typename WOf, typename RowsOf, typename Done>
   __device__ __forceinline__ void run(WOf W_of, RowsOf rows_of, const float4* xs, const float* xsum, int lane,
                                       Done done) {
-    float acc[R];
+    const int xs_stride = stage_floats<BITS>(chunks * cols_per_chunk<BITS>()) / 4;
+    const int sum_stride = stage_floats<BITS>(chunks * cols_per_chunk<BITS>());
+    float acc[T][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
     while (g < n_groups) {
       const RowTile<BITS, R, U> cur = next;
       int g2 = g, ub2 = ub + 1;
@@ -168,13 +180,18 @@ struct RowWalk {
         rows_of(g2, row);
         next.load(W_of(g2), row, ub2, lane);
       }
-      cur.accumulate(chunks, ub, xs, xsum, lane, acc);
+#pragma unroll
+      for (int t = 0; t < T; ++t) cur.accumulate(chunks, ub, xs + t * xs_stride, xsum + t * sum_stride, lane, acc[t]);
       if (ub == steps - 1) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+        for (int t = 0; t < T; ++t)
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[t][r] = warp_sum(acc[t][r]);
         done(g, acc);
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int t = 0; t < T; ++t)
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
       }
       g = g2;
       ub = ub2;
@@ -182,10 +199,20 @@ struct RowWalk {
   }
 };
 
-// Shared memory of stage_x: xs [cols/4 float4] + xsum [cols/cpc] + 32 scratch floats (block_sum).
 template <int BITS>
-__host__ __device__ constexpr size_t stage_bytes(int cols) {
-  return static_cast<size_t>(cols) * 4 + static_cast<size_t>(cols / cols_per_chunk<BITS>()) * 4 + 32 * 4;
+__host__ __device__ constexpr size_t stage_bytes(int cols, int T = 1) {
+  return (static_cast<size_t>(T) * stage_floats<BITS>(cols) + 16 * (T + 1)) * 4;
+}
+// The regions of stage_x carved from dynamic shared memory (stage_bytes(cols, T)).
+struct FmaStage {
+  float4* xs;      // row t at xs + t * stage_floats / 4
+  float* xsum;     // row t at xsum + t * stage_floats
+  float* scratch;  // 16 (T + 1) floats: block sums
+};
+template <int BITS>
+__device__ __forceinline__ FmaStage fma_stage(float4* smem, int cols, int T = 1) {
+  float* f = reinterpret_cast<float*>(smem);
+  return {smem, f + cols, f + T * stage_floats<BITS>(cols)};
 }
 
 __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
@@ -197,90 +224,116 @@ __device__ __forceinline__ float embed_value(const QMat& E, int row, int c) {
   return fmaf(bf16_lo(sb), static_cast<float>(q), bf16_hi(sb));
 }
 
-// Builds x (per XSpec) for the block: raw values past the ones a thread holds in
-// registers go to raw[xs_pos(f)] (float4 slot f = columns 4f..4f+3), then emit(f, ok, v)
-// receives each final slot. emit is called by all
-// threads the same number of times (ok = false past the end), so it may shuffle within
-// aligned groups of up to 32 consecutive slots. Ends with a barrier.
-// A thread's first kHeld slots are loaded together with their norm weights and kept in
-// registers, so x and the norm weight arrive in one memory round trip (cols <= 4096 at
-// 256 threads), not one before and one after the block reduction. x (in global memory)
-// is read through L2 (ld.cg), so a kernel may build x before its PDL wait when the kernel
-// that wrote it has completed (device_common.cuh).
-template <typename Emit>
-__device__ void build_x(const XSpec& X, int cols, float4* raw, float* scratch, Emit emit) {
-  constexpr int kHeld = 4;
+// Builds T x rows (per XSpec: row t at X.x + t * cols, or the embedding of X.token[t],
+// stored to X.h_out + t * cols) for the block: raw values past the ones a thread holds in
+// registers go to raw + t * raw_stride floats (slot f of a row at xs_pos(f)), then
+// emit(t, f, ok, v) receives each final slot (float4 slot f = columns 4f..4f+3). emit is
+// called by all threads the same number of times (ok = false past the end), so it may
+// shuffle within aligned groups of up to 32 consecutive slots. Ends with a barrier.
+// A thread's first kHeld slots of every row are loaded together with their norm weights
+// and kept in registers, so x and the norm weight arrive in one memory round trip (cols
+// <= 4096 at 256 threads for T <= 2), not one before and one after the block reduction;
+// the T rows' sums of squares share one reduction. x (in global memory) is read through
+// L2 (ld.cg), so a kernel may build x before its PDL wait when the kernel that wrote it
+// has completed (device_common.cuh).
+template <int T = 1, typename Emit>
+__device__ void build_x(const XSpec& X, int cols, float4* raw, int raw_stride, float* scratch, Emit emit) {
+  constexpr int kHeld = T <= 2 ? 4 : 2;
   const int n4 = cols / 4, tid = threadIdx.x, nt = blockDim.x;
   const bool rms = X.mode == XMode::RmsNorm || X.mode == XMode::EmbedRmsNorm;
 
-  auto raw_value = [&](int f) {
-    if (X.mode != XMode::EmbedRmsNorm) return __ldcg(reinterpret_cast<const float4*>(X.x) + f);
-    const int row = *X.token;
+  auto raw_value = [&](int t, int f) {
+    if (X.mode != XMode::EmbedRmsNorm) return __ldcg(reinterpret_cast<const float4*>(X.x + static_cast<size_t>(t) * cols) + f);
+    const int row = X.token[t];
     const float4 v = make_float4(embed_value(X.embed, row, 4 * f), embed_value(X.embed, row, 4 * f + 1),
                                  embed_value(X.embed, row, 4 * f + 2), embed_value(X.embed, row, 4 * f + 3));
-    if (blockIdx.x + blockIdx.y + blockIdx.z == 0) reinterpret_cast<float4*>(X.h_out)[f] = v;  // the first block
+    if (blockIdx.x + blockIdx.y + blockIdx.z == 0)  // the first block
+      reinterpret_cast<float4*>(X.h_out + static_cast<size_t>(t) * cols)[f] = v;
     return v;
   };
   auto norm_w = [&](int f) { return rms ? reinterpret_cast<const float4*>(X.w)[f] : make_float4(1.f, 1.f, 1.f, 1.f); };
   auto square_sum = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
+  auto raw_row = [&](int t) { return raw + static_cast<size_t>(t) * raw_stride / 4; };
 
   // Pass A: raw values (and sums of squares), all loads of the held slots first; only the
   // slots past them go through shared memory (raw).
-  float4 held_v[kHeld], held_w[kHeld];
+  float4 held_v[T][kHeld], held_w[kHeld];
 #pragma unroll
   for (int i = 0; i < kHeld; ++i) {
     const int f = tid + i * nt;
     if (f < n4) {
-      held_v[i] = raw_value(f);
+#pragma unroll
+      for (int t = 0; t < T; ++t) held_v[t][i] = raw_value(t, f);
       held_w[i] = norm_w(f);
     }
   }
-  float ss = 0.0f;
+  float ss[T];
 #pragma unroll
-  for (int i = 0; i < kHeld; ++i)
-    if (tid + i * nt < n4) ss += square_sum(held_v[i]);
+  for (int t = 0; t < T; ++t) {
+    ss[t] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i)
+      if (tid + i * nt < n4) ss[t] += square_sum(held_v[t][i]);
+  }
   for (int f = tid + kHeld * nt; f < n4; f += nt) {
-    const float4 v = raw_value(f);
-    ss += square_sum(v);
-    raw[xs_pos(f)] = v;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float4 v = raw_value(t, f);
+      ss[t] += square_sum(v);
+      raw_row(t)[xs_pos(f)] = v;
+    }
   }
 
   // No barrier in Plain mode: each thread reads back only the raw slots it stored.
-  float inv = 1.0f;
-  if (rms) inv = rsqrtf(block_sum(ss, scratch) / cols + X.eps);
+  float inv[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) inv[t] = 1.0f;
+  if (rms) {
+    if constexpr (T == 1) {
+      inv[0] = rsqrtf(block_sum(ss[0], scratch) / cols + X.eps);
+    } else {
+      block_sums(ss, scratch);
+#pragma unroll
+      for (int t = 0; t < T; ++t) inv[t] = rsqrtf(ss[t] / cols + X.eps);
+    }
+  }
 
   // Pass B: normalise and hand out. The loop bound is uniform so emit sees full warps.
-  auto finish = [&](float4 v, float4 w) {
+  auto finish = [&](int t, float4 v, float4 w) {
     if (!rms) return v;
-    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+    return make_float4(v.x * inv[t] * w.x, v.y * inv[t] * w.y, v.z * inv[t] * w.z, v.w * inv[t] * w.w);
   };
 #pragma unroll
   for (int i = 0; i < kHeld; ++i) {
     if (i * nt >= n4) break;
     const int f = tid + i * nt;
     const bool ok = f < n4;
-    emit(f, ok, ok ? finish(held_v[i], held_w[i]) : make_float4(0.f, 0.f, 0.f, 0.f));
+#pragma unroll
+    for (int t = 0; t < T; ++t) emit(t, f, ok, ok ? finish(t, held_v[t][i], held_w[i]) : make_float4(0.f, 0.f, 0.f, 0.f));
   }
   for (int base = kHeld * nt; base < n4; base += nt) {
     const int f = base + tid;
     const bool ok = f < n4;
-    emit(f, ok, ok ? finish(raw[xs_pos(f)], norm_w(f)) : make_float4(0.f, 0.f, 0.f, 0.f));
+#pragma unroll
+    for (int t = 0; t < T; ++t) emit(t, f, ok, ok ? finish(t, raw_row(t)[xs_pos(f)], norm_w(f)) : make_float4(0.f, 0.f, 0.f, 0.f));
   }
   __syncthreads();
 }
 
-// Stages x for the fp32 dot: pre-scaled, swizzled, with its chunk sums (in place).
-template <int BITS>
-__device__ void stage_x(const XSpec& X, int cols, float4* xs, float* xsum, float* scratch) {
+// Stages T x rows for the fp32 dot (fma_stage's regions): pre-scaled, swizzled, with their
+// chunk sums (in place: a row's raw overflow goes to its own xs).
+template <int BITS, int T = 1>
+__device__ void stage_x(const XSpec& X, int cols, const FmaStage& st) {
   constexpr int S = slots_per_chunk<BITS>();
-  build_x(X, cols, xs, scratch, [&](int f, bool ok, float4 v) {
+  const int stride = stage_floats<BITS>(cols);
+  build_x<T>(X, cols, st.xs, stride, st.scratch, [&](int t, int f, bool ok, float4 v) {
     float s = v.x + v.y + v.z + v.w;
 #pragma unroll
     for (int o = 1; o < S; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (ok) {
-      if (f % S == 0) xsum[f / S] = s;
+      if (f % S == 0) st.xsum[t * stride + f / S] = s;
       const float4 p = prescale<BITS>(f);
-      xs[xs_pos(f)] = make_float4(v.x * p.x, v.y * p.y, v.z * p.z, v.w * p.w);
+      st.xs[t * stride / 4 + xs_pos(f)] = make_float4(v.x * p.x, v.y * p.y, v.z * p.z, v.w * p.w);
     }
   });
 }

@@ -1,6 +1,6 @@
-// A barrier across all blocks of a grid whose blocks are all resident at once (the
-// one-launch MoE block, moe_fused.cu; the phase probes of benchmarks/ops), and the
-// acquire / release accesses it is built from (also the counter chain of launch_probes.cu).
+// A barrier across all blocks of a grid whose blocks are all resident at once (the phase
+// probes of benchmarks/ops), and the acquire / release accesses it is built from (also
+// the counter chain of launch_probes.cu).
 #pragma once
 #include <cstdint>
 

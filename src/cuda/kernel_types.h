@@ -3,8 +3,23 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace lily::cuda {
+
+// Tokens (x rows) one decode step feeds at most: a plain step feeds 1, a speculative verify
+// step the pending token and up to 3 drafts. Every row of a T-row step is computed exactly
+// as a single-row step would (the 4 column pairs of an mma.m16n8k16 hold 4 rows: qmma.cuh).
+constexpr int kMaxStepRows = 4;
+
+// f(std::integral_constant<int, T>{}) for rows T in [1, kMaxStepRows] (checked by the caller).
+template <class F>
+void with_step_rows(int rows, F f) {
+  if (rows == 1) f(std::integral_constant<int, 1>{});
+  else if (rows == 2) f(std::integral_constant<int, 2>{});
+  else if (rows == 3) f(std::integral_constant<int, 3>{});
+  else f(std::integral_constant<int, 4>{});
+}
 
 // The most experts, and routed experts per token, any MoE kernel takes (decode and prefill).
 constexpr int kMoeMaxExperts = 512, kMoeMaxTopK = 16;

@@ -81,14 +81,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   BlockChoice ch(a);
 
   if (a.compute) {
-    float4* xs = smem;
-    float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
-    stage_x<BITS>(a.X, W.cols, xs, xsum, xsum + W.cols / cols_per_chunk<BITS>());
-    walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[R]) {
+    const FmaStage st = fma_stage<BITS>(smem, W.cols);
+    stage_x<BITS>(a.X, W.cols, st);
+    walk.run(W_of, rows_of, st.xs, st.xsum, lane, [&](int g, const float (&acc)[1][R]) {
       float mine = 0.0f;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (lane == r) mine = acc[r];
+        if (lane == r) mine = acc[0][r];
       const int r = g * R + lane;
       if (lane < R && r < W.rows) {
         a.logits[r] = mine;
@@ -102,35 +101,86 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
   if (ch.on) finish_selection(a, ch.best, ch.best_i);
 }
 
-// Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups.
-template <int GPW>
+// argmax of each of T logit rows (the T-row head: plain greedy, rows below a.argmax_limit):
+// thread i < 16 T holds row i / 16's best of its rows; the 16 threads of a row meet by
+// shuffles, block winners go to partial[t * kLmHeadMaxBlocks + block], and the last
+// block to finish writes argmax[t].
+template <int T>
+__device__ void finish_argmax_rows(const HeadArgs& a, float best, int best_i) {
+  __shared__ bool last;
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (better(ov, oi, best, best_i)) { best = ov; best_i = oi; }
+  }
+  if (threadIdx.x < 16 * T && (threadIdx.x & 15) == 0)
+    a.partial[(threadIdx.x >> 4) * kLmHeadMaxBlocks + blockIdx.x] = make_float2(best, __int_as_float(best_i));
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < T) {  // warp t reduces row t
+    best = -FLT_MAX;
+    best_i = 0x7fffffff;
+    for (int b = lane; b < gridDim.x; b += 32) {
+      const float2 p = __ldcg(a.partial + warp * kLmHeadMaxBlocks + b);
+      if (better(p.x, __float_as_int(p.y), best, best_i)) { best = p.x; best_i = __float_as_int(p.y); }
+    }
+    warp_best(best, best_i);
+    if (lane == 0) a.argmax[warp] = best_i;
+  }
+  if (threadIdx.x == 0) *a.counter = 0;
+}
+
+// Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups. T x
+// rows share every tile (qmma.cuh), each summed exactly as alone; one row chooses a token
+// (BlockChoice), several take each row's argmax.
+template <int GPW, int T>
 __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const QMat& W = a.W;
   const int G = W.cols / 64, n_rb = (W.rows + 15) / 16;
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
-  __shared__ float red[2][kWarps][16];
+  const MmaStage st = mma_stage(smem_u4, W.cols, T);
+  __shared__ float red[2][T * kWarps][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
+  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
   if (wait_halted(halt)) return;
   BlockChoice ch(a);
-  stage_x_mma(a.X, W.cols, xf, xsum, raw, raw + W.cols);
+  const int limit = T == 1 ? ch.limit : a.argmax_limit > 0 ? min(a.argmax_limit, W.rows) : W.rows;
+  float best = -FLT_MAX;  // T > 1: this thread's row's best so far
+  int best_i = 0x7fffffff;
+  stage_x_mma<T>(a.X, W.cols, st);
+  const MmaRows xr = mma_rows<T>(st, W.cols, lane);
   for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
     const MmaTiles<GPW> cur = next;
     if (rb + static_cast<int>(gridDim.x) < n_rb) next.load(W, rb + gridDim.x, g0, G, lane);
     float y0 = 0.0f, y1 = 0.0f;
-    cur.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
-    const float y = reduce_rows16(red[it & 1], y0, y1);
-    const int r = rb * 16 + threadIdx.x;
-    if (threadIdx.x < 16 && r < W.rows) {
-      a.logits[r] = y;
-      if (ch.on) ch.offer(a, y, r);
+    cur.accumulate(g0, G, g0, xr.xf, xr.xsum, lane, y0, y1);
+    const float y = reduce_rows16<T>(red[it & 1], y0, y1);
+    const int r = rb * 16 + r_out;
+    if (threadIdx.x < 16 * T && r < W.rows) {
+      a.logits[static_cast<size_t>(t_out) * W.rows + r] = y;
+      if constexpr (T == 1) {
+        if (ch.on) ch.offer(a, y, r);
+      } else if (r < limit && better(y, r, best, best_i)) {
+        best = y;
+        best_i = r;
+      }
     }
   }
   timeline_done();
-  if (ch.on) finish_selection(a, ch.best, ch.best_i);
+  if constexpr (T == 1) {
+    if (ch.on) finish_selection(a, ch.best, ch.best_i);
+  } else if (a.argmax) {
+    finish_argmax_rows<T>(a, best, best_i);
+  }
 }
 
 template <int BITS>
@@ -142,32 +192,37 @@ void launch_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 16 * 1024), "lm_head: occupancy");
     return std::max(n, 1);
   }();
-  const int grid = std::min(blocks_per_sm * sm_count(), lm_head_max_blocks());
+  const int grid = std::min(blocks_per_sm * sm_count(), kLmHeadMaxBlocks);
   launch("lm_head", kernel, dim3(grid), dim3(kWarps * 32), a.compute ? stage_bytes<BITS>(a.W.cols) : 0, stream, a, halt);
 }
 
 
-template <int GPW>
+template <int GPW, int T>
 void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
-  auto kernel = lm_head_mma_kernel<GPW>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), 64 * 1024, "lm_head: set smem");
+  auto kernel = lm_head_mma_kernel<GPW, T>;
+  const size_t smem = stage_mma_bytes(a.W.cols, T);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), std::max<size_t>(smem, 64 * 1024), "lm_head: set smem");
   static const int blocks_per_sm = [&] {
     int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 24 * 1024), "lm_head: occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, std::max<size_t>(smem, 24 * 1024)),
+          "lm_head: occupancy");
     return std::max(n, 1);
   }();
-  const int grid = std::min({blocks_per_sm * sm_count(), lm_head_max_blocks(), (a.W.rows + 15) / 16});
-  launch("lm_head (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(a.W.cols), stream, a, halt);
+  const int grid = std::min({blocks_per_sm * sm_count(), kLmHeadMaxBlocks, (a.W.rows + 15) / 16});
+  launch("lm_head (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, a, halt);
 }
 
 }  // namespace
 
-int lm_head_max_blocks() { return 1024; }
-
 void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   if (a.W.cols % 32 != 0) fail("lm_head: hidden size must be a multiple of 32");
+  if (a.rows < 1 || a.rows > kMaxStepRows) fail("lm_head: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (a.rows > 1 && (!a.compute || !a.W.tiled || a.select != HeadSelect::None))
+    fail("lm_head: several rows need tiled weights, computed logits and no token choice (argmax per row instead)");
   if (a.compute && a.W.tiled) {
-    with_groups_per_warp(a.W.cols, kWarps, "lm_head", [&](auto gpw) { launch_head_mma<gpw>(a, halt, stream); });
+    with_step_rows(a.rows, [&](auto t) {
+      with_groups_per_warp(a.W.cols, kWarps, "lm_head", [&](auto gpw) { launch_head_mma<gpw, t>(a, halt, stream); });
+    });
   } else if (a.W.bits == 4 || !a.compute) launch_head<4>(a, halt, stream);
   else if (a.W.bits == 8) launch_head<8>(a, halt, stream);
   else fail("lm_head: ", std::to_string(a.W.bits), "-bit weights are not supported");

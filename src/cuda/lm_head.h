@@ -13,19 +13,27 @@ namespace lily::cuda {
 
 enum class HeadSelect : int { None, Greedy, Gumbel };
 
+constexpr int kLmHeadMaxBlocks = 1024;  // blocks of one launch at most (the partials' size per row)
+
 struct HeadArgs {
   QMat W;                // [V, H]
   XSpec X;               // RMSNorm(h) with the final norm
-  float* logits = nullptr;  // [V]
+  float* logits = nullptr;  // [rows][V]
   bool compute = true;   // false: the logits are already there (choose only)
   HeadSelect select = HeadSelect::None;
   const DecodeCtl* ctl = nullptr;  // sampling parameters (select != None)
-  float2* partial = nullptr;       // [lm_head_max_blocks()] block winners
+  float2* partial = nullptr;       // [kLmHeadMaxBlocks] block winners
   unsigned* counter = nullptr;     // zero; the last block resets it
   TokenSink sink;
+  // Several rows (a speculative verify step: tiled weights, select None): row t of x at
+  // X.x + t * H; each row's logits are bit-identical to a one-row launch's, and, with
+  // argmax set, argmax[t] receives row t's greedy choice among rows < argmax_limit (all
+  // when 0). partial then holds rows * kLmHeadMaxBlocks entries.
+  int rows = 1;
+  int* argmax = nullptr;
+  int argmax_limit = 0;
 };
 
 void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream);
-int lm_head_max_blocks();
 
 }  // namespace lily::cuda

@@ -32,9 +32,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gate_up_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ float4 smem[];
   const int H = m.gate_up.cols;
-  float4* xs = smem;
-  float* xsum = reinterpret_cast<float*>(xs + H / 4);
-  float* scratch = xsum + H / cols_per_chunk<BITS>();
+  const FmaStage st = fma_stage<BITS>(smem, H);
   __shared__ int s_ids[kMoeMaxTopK];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int I = m.inter, Is = m.shared_inter, routed = k * I;
@@ -54,9 +52,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   RowWalk<BITS, 2, U> walk(blockIdx.x * kWarps + warp, gridDim.x * kWarps, routed + Is, m.gate_up.chunks());
   walk.prefetch(W_of, rows_of, lane);
-  stage_x<BITS>(X, H, xs, xsum, scratch);
-  walk.run(W_of, rows_of, xs, xsum, lane, [&](int item, const float (&acc)[2]) {
-    if (lane == 0) act[item] = siluf_(acc[0]) * acc[1];
+  stage_x<BITS>(X, H, st);
+  walk.run(W_of, rows_of, st.xs, st.xsum, lane, [&](int item, const float (&acc)[1][2]) {
+    if (lane == 0) act[item] = siluf_(acc[0][0]) * acc[0][1];
   });
   timeline_done();
 }
@@ -73,9 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int CPC = cols_per_chunk<BITS>();
   const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
   const int cols = k * I + Is, cps = I / CPC, n_chunks = cols / CPC, routed_chunks = k * cps;
-  float4* xs = smem;
-  float* xsum = reinterpret_cast<float*>(xs + cols / 4);
-  float* scratch = xsum + n_chunks;
+  const FmaStage st = fma_stage<BITS>(smem, cols);
   __shared__ int s_ids[kMoeMaxTopK];
   __shared__ float s_w[kMoeMaxTopK + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -103,7 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (wait_halted(halt)) return;
   XSpec X;
   X.x = act;
-  stage_x<BITS>(X, cols, xs, xsum, scratch);
+  stage_x<BITS>(X, cols, st);
 
   const int j0 = j;
   for (; j < H; j += gridDim.x * kWarps) {
@@ -113,8 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int c = lane + 32 * i;
       if (c < n_chunks) {
         float4 xv[slots_per_chunk<BITS>()];
-        load_x<BITS>(xs, c, xv);
-        acc = fmaf(wgt[i], chunk_term<BITS>(cw[i], sb[i], xv, xsum[c]), acc);
+        load_x<BITS>(st.xs, c, xv);
+        acc = fmaf(wgt[i], chunk_term<BITS>(cw[i], sb[i], xv, st.xsum[c]), acc);
       }
     }
     const int jn = j + gridDim.x * kWarps;
@@ -126,33 +122,71 @@ __global__ void __launch_bounds__(kWarps * 32)
   timeline_done();
 }
 
+// The routed experts of T tokens as the tensor-core kernels walk them: the union of the
+// tokens' choices in first-seen order (token 0's slots, then what token 1 adds, ...; for
+// one token its slots in order), and where each token has each of them. Computed by every
+// warp alike from the ids (lane j < T k holds token j / k's slot j % k), so no barrier.
+template <int T>
+struct ExpertUnion {
+  int lane_id;     // the expert of this lane's (token, slot); -1 - lane past T k
+  unsigned first;  // lanes holding the first occurrence of an expert: the u-th set bit = union expert u
+  int n;           // experts in the union
+  int lane_u;      // the union index of lane_id (lanes < T k)
+
+  // ids: [T][k] on the device (clamped to [0, E): loads index with them even when a halted
+  // router left them unwritten), read through L2.
+  __device__ __forceinline__ ExpertUnion(const int* ids, int k, int n_experts) {
+    const int lane = threadIdx.x & 31;
+    lane_id = lane < T * k ? min(max(__ldcg(ids + lane), 0), n_experts - 1) : -1 - lane;
+    const int leader = __ffs(__match_any_sync(0xffffffffu, lane_id)) - 1;
+    first = __ballot_sync(0xffffffffu, lane < T * k && leader == lane);
+    n = __popc(first);
+    lane_u = __popc(first & ((1u << leader) - 1u));
+  }
+  // Union expert u's id (u < n).
+  __device__ __forceinline__ int expert(int u) const {
+    return __shfl_sync(0xffffffffu, lane_id, static_cast<int>(__fns(first, 0, u + 1)));
+  }
+  // Token t's slot holding expert e, or -1 (bits t k .. t k + k - 1 of the lanes holding e).
+  __device__ __forceinline__ int slot_of(int e, int t, int k) const {
+    const unsigned mine = (__ballot_sync(0xffffffffu, lane_id == e) >> (t * k)) & ((1u << k) - 1u);
+    return mine ? __ffs(mine) - 1 : -1;
+  }
+};
+
 // Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
-// rows): task = (slot, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
+// rows): task = (expert, row block) -> 8 outputs SiLU(gate) * up; warps split the groups.
 // x = RMSNorm(h) is staged before the wait: h was last written by the out-projection, the
 // kernel launched two before this one (the router comes between). The shared expert needs
 // no routing, so its row blocks are computed before the wait too (block b takes b, b +
 // grid, ...): only the routed row blocks (512 at 35B-A3B, under two per block on 264
-// blocks) are left after it.
-template <int GPW>
+// blocks) are left after it. T tokens: every tile of the union of their experts is read
+// once and computed for all (qmma.cuh: MmaRows); token t keeps the experts it chose, each
+// summed exactly as for t alone. act: [T][k * I + Is].
+template <int GPW, int T>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
   extern __shared__ uint4 smem_u4[];
-  __shared__ float red[2][kWarps][16];
+  __shared__ float red[2][T * kWarps][16];
   const int H = m.gate_up.cols, G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
-  const int I = m.inter, rbe = 2 * I / 16, routed = k * rbe, n_shared = 2 * m.shared_inter / 16;
+  const int I = m.inter, rbe = 2 * I / 16, n_shared = 2 * m.shared_inter / 16, act_stride = k * I + m.shared_inter;
   const int grid = static_cast<int>(gridDim.x);
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, H);
+  const int t_out = threadIdx.x >> 3, r_out = threadIdx.x & 7;  // threads < 8 T: token, output row
+  const MmaStage st = mma_stage(smem_u4, H, T);
   int it = 0;  // row blocks done: red[it & 1] alternates between them
-  // SiLU(gate) * up of one row block into act[out, out + 8); mark: the first routed one.
-  auto finish = [&](const MmaTiles<GPW>& tiles, int out, bool mark) {
+  // SiLU(gate) * up of one row block for every token: token t's 8 outputs go to act row t
+  // at out(t) (< 0: t does not use this row block); mark: the first routed one.
+  auto finish = [&](const MmaTiles<GPW>& tiles, const MmaRows& xr, auto out, bool mark) {
     float y0 = 0.0f, y1 = 0.0f;
-    tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+    tiles.accumulate(g0, G, g0, xr.xf, xr.xsum, lane, y0, y1);
     if (mark) timeline_mark(1);
-    put_rows16(red[it & 1], y0, y1);
+    put_rows16<T>(red[it & 1], y0, y1);
     __syncthreads();
-    if (threadIdx.x < 8) {
-      const float g = row_total(red[it & 1], threadIdx.x), u = row_total(red[it & 1], threadIdx.x + 8);
-      act[out + threadIdx.x] = siluf_(g) * u;
+    if (threadIdx.x < 8 * T) {
+      const int o = out(t_out);
+      const float (*rt)[16] = red[it & 1] + t_out * kWarps;
+      const float g = row_total(rt, r_out), u = row_total(rt, r_out + 8);
+      if (o >= 0) act[t_out * act_stride + o + r_out] = siluf_(g) * u;
     }
     ++it;
   };
@@ -162,92 +196,161 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   MmaTiles<GPW> next;
   int rb = blockIdx.x;
   if (rb < n_shared) next.load(m.shared_gate_up, rb, g0, G, lane);
-  stage_x_mma(X, H, xf, xsum, raw, raw + H);
+  stage_x_mma<T>(X, H, st);
+  const MmaRows xr = mma_rows<T>(st, H, lane);
   for (; !halted && rb < n_shared; rb += grid) {
     const MmaTiles<GPW> cur = next;
     if (rb + grid < n_shared) next.load(m.shared_gate_up, rb + grid, g0, G, lane);
-    finish(cur, k * I + 8 * rb, false);
+    finish(cur, xr, [&](int) { return k * I + 8 * rb; }, false);
   }
 
   if (wait_halted(halt)) return;
   timeline_mark(0);
-  // Lane i holds slot i's expert (k <= kMoeMaxTopK <= 32), read through L2 (the router wrote
-  // it); tasks are block-uniform, so every warp shuffles the one it needs without a block barrier.
-  static_assert(kMoeMaxTopK <= 32, "a lane per slot");
-  const int lane_expert = __ldcg(ids + min(lane, k - 1));
-  auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
-  int task = blockIdx.x;
-  if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
-  for (; task < routed; task += grid) {
-    const MmaTiles<GPW> cur = next;
-    if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
-    finish(cur, (task / rbe) * I + 8 * (task % rbe), task == static_cast<int>(blockIdx.x));
+  static_assert(kMoeMaxTopK <= 32, "a lane per (token, slot)");
+  if constexpr (T == 1) {
+    // Lane i holds slot i's expert (k <= kMoeMaxTopK <= 32), read through L2 (the router wrote
+    // it); tasks are block-uniform, so every warp shuffles the one it needs without a block barrier.
+    const int lane_expert = __ldcg(ids + min(lane, k - 1));
+    auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
+    const int routed = k * rbe;
+    int task = blockIdx.x;
+    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
+    for (; task < routed; task += grid) {
+      const MmaTiles<GPW> cur = next;
+      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
+      finish(cur, xr, [&](int) { return (task / rbe) * I + 8 * (task % rbe); }, task == static_cast<int>(blockIdx.x));
+    }
+  } else {
+    const ExpertUnion<T> un(ids, k, m.n_experts);
+    const int routed = un.n * rbe;
+    auto row_block = [&](int task) { return un.expert(task / rbe) * rbe + task % rbe; };
+    int task = blockIdx.x;
+    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
+    for (; task < routed; task += grid) {
+      const MmaTiles<GPW> cur = next;
+      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
+      const int e = un.expert(task / rbe), r8 = 8 * (task % rbe);
+      int slot[T];
+#pragma unroll
+      for (int t = 0; t < T; ++t) slot[t] = un.slot_of(e, t, k);
+      finish(cur, xr, [&](int t) {
+        int s = -1;
+#pragma unroll
+        for (int i = 0; i < T; ++i) if (i == t) s = slot[i];
+        return s < 0 ? -1 : s * I + r8;
+      }, task == static_cast<int>(blockIdx.x));
+    }
   }
   timeline_done();
 }
 
-// Tensor-core down + combine: task = 16 output rows; the WARPS warps take (slot, group)
-// pairs p (the concatenated activations' groups), U each, loaded before the activations
-// are staged (moe_down_warps picks WARPS).
-template <int WARPS, int U>
+// Tensor-core down + combine: block task = 16 output rows. Items are (expert, chunk of up
+// to kDownItemGroups groups of its 64 inputs): the routed experts of the union (above),
+// then the shared expert; warp w takes items w, w + WARPS, ..., their tiles loaded two
+// items ahead (the first two before the wait). An item's partial [T][16] goes to shared
+// memory; then each output row sums, for its token in slot order, weight x (the expert's
+// chunks in order), and the shared expert's gate x its chunks: a token's sum does not
+// depend on which other tokens share the step. act: [T][k * I + Is]; h: [T][H].
+constexpr int kDownItemGroups = 4;
+
+template <int WARPS, int T>
 __global__ void __launch_bounds__(WARPS * 32)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
                     int k, float* h, int* pos_inc, const int* halt) {
   extern __shared__ uint4 smem_u4[];
-  const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows;
-  const int gI = I / 64, gS = Is / 64, P = k * gI + gS, cols = k * I + Is, n_rb = H / 16;
-  uint4* xf = smem_u4;
-  float* xsum = reinterpret_cast<float*>(xf + cols / 4);
-  float* raw = xsum + (P + 3) / 4 * 4;
-  __shared__ float red[2][WARPS][16];
-  __shared__ int s_ids[kMoeMaxTopK];
-  __shared__ float s_w[kMoeMaxTopK + 1];
+  const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows, n_rb = H / 16;
+  const int gI = I / 64, gS = Is / 64, cols = k * I + Is;
+  const int nc = (gI + kDownItemGroups - 1) / kDownItemGroups, ns = (gS + kDownItemGroups - 1) / kDownItemGroups;
+  const MmaStage st = mma_stage(smem_u4, cols, T);
+  float* part = st.scratch + 16 * (T + 1);  // [items][T][16]
+  __shared__ int s_union[kMoeMaxTopK * kMaxStepRows];  // token t's slot j -> union index (t k + j)
+  __shared__ float s_w[kMaxStepRows][kMoeMaxTopK + 1];  // routing weights, the shared gate last
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  stage_routing(ids, weights, shared_gate, k, m.n_experts, s_ids, s_w);
+  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;
 
-  uint4 c[U];
-  uint32_t s0[U], s1[U];
-  auto load = [&](int rb) {
-#pragma unroll
-    for (int i = 0; i < U; ++i) {
-      const int p = warp + WARPS * i;
-      if (p < P) {
-        const bool shared = p >= k * gI;
-        const int slot = shared ? k : p / gI, gi = shared ? p - k * gI : p - slot * gI;
-        const QMat& W = shared ? m.shared_down : m.down;
-        const size_t t = static_cast<size_t>(shared ? rb : s_ids[slot] * n_rb + rb) * (shared ? gS : gI) + gi;
-        c[i] = load_stream(W.codes + t * 32 + lane);
-        s0[i] = __ldg(W.sb + t * 16 + (lane >> 2));
-        s1[i] = __ldg(W.sb + t * 16 + (lane >> 2) + 8);
-      }
+  // The routing (written by the router, two launches back) before the wait, through L2.
+  const ExpertUnion<T> un(ids, k, m.n_experts);
+  if (threadIdx.x < T * k) {
+    s_union[threadIdx.x] = un.lane_u;
+    s_w[threadIdx.x / k][threadIdx.x % k] = __ldcg(weights + threadIdx.x);
+  }
+  if (threadIdx.x < T) s_w[threadIdx.x][k] = __ldcg(shared_gate + threadIdx.x);
+  const int n_items = un.n * nc + ns;
+
+  // Item i of row block rb: its expert's tiles of groups chunk * 4 .. (fewer past gX).
+  auto load = [&](MmaTiles<kDownItemGroups>& tl, int i, int rb) {
+    if (i >= n_items || rb >= n_rb) return;
+    const bool shared = i >= un.n * nc;
+    const int x = shared ? 0 : i / nc, chunk = shared ? i - un.n * nc : i % nc;
+    const QMat& W = shared ? m.shared_down : m.down;
+    tl.load(W, shared ? rb : un.expert(x) * n_rb + rb, chunk * kDownItemGroups, shared ? gS : gI, lane);
+  };
+  // The warp's items in order: for each of its row blocks, items warp, warp + WARPS, ...
+  auto advance = [&](int& rb_, int& i_) {
+    i_ += WARPS;
+    if (i_ >= n_items) {
+      i_ = warp;
+      rb_ += gridDim.x;
     }
   };
-  int rb = blockIdx.x;
-  if (rb < n_rb) load(rb);
-  const float resid0 = threadIdx.x < 16 && rb < n_rb ? __ldcg(h + rb * 16 + threadIdx.x) : 0.0f;
+  MmaTiles<kDownItemGroups> cur, next;
+  int rb = blockIdx.x, next_rb = rb, next_i = warp;
+  load(cur, next_i, next_rb);
+  advance(next_rb, next_i);
+  load(next, next_i, next_rb);
+  const float resid0 = threadIdx.x < 16 * T && rb < n_rb ? __ldcg(h + static_cast<size_t>(t_out) * H + rb * 16 + r_out) : 0.0f;
   if (wait_halted(halt)) return;
   XSpec X;
   X.x = act;
-  stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
+  stage_x_mma<T>(X, cols, st);
   timeline_mark(0);
-  for (int it = 0; rb < n_rb; rb += gridDim.x, ++it) {
-    float y0 = 0.0f, y1 = 0.0f;
+  const int tb = min(lane >> 3, T - 1), tc = lane & 3;  // the lane's B row (token) and C row
+  for (int iter = 0; rb < n_rb; rb += gridDim.x, ++iter) {
+    for (int i = warp; i < n_items; i += WARPS) {
+      const bool shared = i >= un.n * nc;
+      const int x = shared ? un.n : i / nc, chunk = shared ? i - un.n * nc : i % nc;
+      const int gX = shared ? gS : gI, e = shared ? -1 : un.expert(x);
+      // Each token's input group of this expert: its slot's groups, or the shared expert's.
+      const int sb = shared ? k : max(un.slot_of(e, tb, k), 0), sc = shared ? k : un.slot_of(e, min(tc, T - 1), k);
+      const uint4* xf = st.xf + static_cast<size_t>(tb) * cols / 4;
+      const float* xsum = st.xsum + min(tc, T - 1) * mma_sum_stride(cols);
+      float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
-    for (int i = 0; i < U; ++i) {
-      const int p = warp + WARPS * i;
-      if (p < P) {
-        const float2 v = group_mma(c[i], xf, p, lane);
-        const float wgt = s_w[p >= k * gI ? k : p / gI], xs = xsum[p];
-        y0 = fmaf(wgt, group_term(s0[i], v.x, xs), y0);
-        y1 = fmaf(wgt, group_term(s1[i], v.y, xs), y1);
+      for (int q = 0; q < kDownItemGroups; ++q) {
+        const int g = chunk * kDownItemGroups + q;
+        if (g < gX) {
+          const float2 v = group_mma(cur.c[q], xf, sb * gI + g, lane);
+          const float xs = xsum[max(sc, 0) * gI + g];
+          y0 += group_term(cur.s0[q], v.x, xs);
+          y1 += group_term(cur.s1[q], v.y, xs);
+        }
       }
+      if (iter == 0 && i == warp) timeline_mark(1);
+      if (tc < T && sc >= 0) {
+        float* p = part + (static_cast<size_t>(shared ? un.n * nc + chunk : x * nc + chunk) * T + tc) * 16;
+        p[lane >> 2] = y0;
+        p[(lane >> 2) + 8] = y1;
+      }
+      cur = next;
+      advance(next_rb, next_i);
+      load(next, next_i, next_rb);
     }
-    if (it == 0) timeline_mark(1);
-    if (rb + static_cast<int>(gridDim.x) < n_rb) load(rb + gridDim.x);
-    const float y = reduce_rows16(red[it & 1], y0, y1);
-    if (threadIdx.x < 16) h[rb * 16 + threadIdx.x] = (it == 0 ? resid0 : h[rb * 16 + threadIdx.x]) + y;
+    __syncthreads();
+    if (threadIdx.x < 16 * T) {
+      auto expert_sum = [&](int x0, int n) {
+        float d = 0.0f;
+        for (int c = 0; c < n; ++c) d += part[((x0 + c) * T + t_out) * 16 + r_out];
+        return d;
+      };
+      float y = 0.0f;
+      for (int j = 0; j < k; ++j) y = fmaf(s_w[t_out][j], expert_sum(s_union[t_out * k + j] * nc, nc), y);
+      y = fmaf(s_w[t_out][k], expert_sum(un.n * nc, ns), y);
+      float* dst = h + static_cast<size_t>(t_out) * H + rb * 16 + r_out;
+      *dst = (iter == 0 ? resid0 : *dst) + y;
+    }
+    __syncthreads();  // the partials are rewritten by the next row block
   }
-  if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += 1;
+  if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += T;
   timeline_done();
 }
 
@@ -297,17 +400,30 @@ bool tiled(const MoeExperts& m) {
   return m.gate_up.tiled && m.down.tiled && m.shared_gate_up.tiled && m.shared_down.tiled;
 }
 
+// Several rows (tokens) need the tensor-core kernels, and every (token, slot) a lane of the
+// expert union (k * rows <= 32).
+static void check_rows(const MoeExperts& m, int k, int rows, const char* op) {
+  if (rows < 1 || rows > kMaxStepRows) fail(op, ": rows must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (rows > 1 && !tiled(m)) fail(op, ": ", std::to_string(rows), " rows need tiled (tensor-core) expert weights");
+  if (k * rows > 32) fail(op, ": top_k ", std::to_string(k), " x ", std::to_string(rows), " rows is more than 32 (token, slot) pairs");
+}
+
 void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int rows) {
   check_shapes(m, top_k);
+  check_rows(m, top_k, rows, "moe_gate_up");
   if (tiled(m)) {
     // Routed and shared row blocks come on either side of the wait: a block per row block
-    // of the larger set, at most two per SM.
-    const int H = m.gate_up.cols, routed = top_k * 2 * m.inter / 16, shared = 2 * m.shared_inter / 16;
+    // of the larger set (the routed ones of up to rows * k experts), at most two per SM.
+    const int H = m.gate_up.cols, routed = rows * top_k * 2 * m.inter / 16, shared = 2 * m.shared_inter / 16;
     const int grid = std::min(std::max(routed, shared), 2 * sm_count());
-    with_groups_per_warp(H, kWarps, "moe_gate_up", [&](auto gpw) {
-      launch("moe_gate_up (tensor cores)", gate_up_mma_kernel<gpw>, dim3(grid), dim3(kWarps * 32), stage_mma_bytes(H),
-             stream, m, X, ids, top_k, act, halt);
+    with_step_rows(rows, [&](auto t) {
+      with_groups_per_warp(H, kWarps, "moe_gate_up", [&](auto gpw) {
+        auto kernel = gate_up_mma_kernel<gpw, t>;
+        const size_t smem = stage_mma_bytes(H, t);
+        allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_gate_up: set smem");
+        launch("moe_gate_up (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, top_k, act, halt);
+      });
     });
     return;
   }
@@ -316,32 +432,30 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
   else fail("moe_gate_up: unsupported bit width ", std::to_string(m.gate_up.bits));
 }
 
+size_t moe_down_smem_bytes(const MoeExperts& m, int top_k, int rows) {
+  const int nc = (m.inter / 64 + kDownItemGroups - 1) / kDownItemGroups;
+  const int ns = (m.shared_inter / 64 + kDownItemGroups - 1) / kDownItemGroups;
+  const size_t items = static_cast<size_t>(rows) * top_k * nc + ns;
+  return stage_mma_bytes(top_k * m.inter + m.shared_inter, rows) + items * rows * 16 * 4;
+}
+
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream) {
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream, int rows) {
   check_shapes(m, top_k);
+  check_rows(m, top_k, rows, "moe_down");
   if (tiled(m)) {
-    const int H = m.shared_down.rows, cols = top_k * m.inter + m.shared_inter;
-    const int pairs = top_k * (m.inter / 64) + m.shared_inter / 64, n_rb = H / 16;
-    const int warps = moe_down_warps(H), u = (pairs + warps - 1) / warps;
-    const int grid = std::min(n_rb, 2 * sm_count());
-    const size_t smem = stage_mma_bytes(cols);
-    if (smem > 48 * 1024) fail("moe_down: expert width too large for the staged activations");
-    if (u > 10)
-      fail("moe_down: more than ", std::to_string(10 * warps), " (slot, group) pairs are not supported with tiled weights");
-#define LILY_DN(W, N)                                                                                                  \
-  launch("moe_down (tensor cores)", down_mma_kernel<W, N>, dim3(grid), dim3(W * 32), smem, stream, m, act, ids, \
-         weights, shared_gate, top_k, h, pos_inc, halt)
-#define LILY_DN_U(W)             \
-  if (u <= 2) LILY_DN(W, 2);     \
-  else if (u <= 5) LILY_DN(W, 5); \
-  else LILY_DN(W, 10)
-    if (warps == kMoeDownMaxWarps) {
-      LILY_DN_U(kMoeDownMaxWarps);
-    } else {
-      LILY_DN_U(kWarps);
-    }
-#undef LILY_DN_U
-#undef LILY_DN
+    const int H = m.shared_down.rows, n_rb = H / 16;
+    const int warps = moe_down_warps(H), grid = std::min(n_rb, 2 * sm_count());
+    const size_t smem = moe_down_smem_bytes(m, top_k, rows);
+    with_step_rows(rows, [&](auto t) {
+      auto run = [&](auto kernel, int threads) {
+        allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_down: set smem");
+        launch("moe_down (tensor cores)", kernel, dim3(grid), dim3(threads), smem, stream, m, act, ids, weights,
+               shared_gate, top_k, h, pos_inc, halt);
+      };
+      if (warps == kMoeDownMaxWarps) run(down_mma_kernel<kMoeDownMaxWarps, t>, kMoeDownMaxWarps * 32);
+      else run(down_mma_kernel<kWarps, t>, kWarps * 32);
+    });
     return;
   }
   if (m.down.bits == 4) launch_down<4>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);

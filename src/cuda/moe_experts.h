@@ -2,6 +2,9 @@
 //   gate_up: act[j] = silu(gate_e . x) * (up_e . x) for the k routed experts and the
 //            shared expert (slot k), x = RMSNorm(h) rebuilt by each block;
 //   down:    h += sum_j w_j * down_e(act[j]) + sigmoid(g_s) * down_s(act[k]).
+// With rows > 1 (tensor-core weights only, rows * k <= 32): token t's h, act, ids, weights
+// and shared gate at t * H, t * (k I + Is), t * k, t * k and t; the union of the tokens'
+// experts is read once, and every token's outputs are bit-identical to a one-row launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,28 +20,35 @@ struct MoeExperts {
   int n_experts = 0, inter = 0, shared_inter = 0;  // E, I, Is
 };
 
+// Whether all four expert matrices are in the tensor-core layout (the only one that
+// takes several rows).
+bool tiled(const MoeExperts& m);
+
 // act: [k * I + Is] fp32. ids: [k] expert ids on the device.
 // The tensor-core kernel builds x (from X.x = h, and the norm weight) and writes the shared
 // expert's part of act before the wait on the kernel launched just before (PDL: the
 // router), which must therefore not write h nor touch act; the ids are read after it.
 void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k, float* act, const int* halt,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int rows = 1);
 
-// h [H] += the combined expert outputs. pos_inc: when non-null, block 0 adds 1 to it
-// after the last layer (the token is then fed).
+// h [H] += the combined expert outputs. pos_inc: when non-null, block 0 adds rows to it
+// after the last layer (the tokens are then fed).
 // The routing, the block's first expert tiles and its first rows of h are read before
 // the wait on the kernel launched just before (PDL), which must therefore write none of
 // ids, weights, shared_gate and h (moe_gate_up writes act only); any earlier kernel may,
 // as every kernel here lets its dependents start only after its own wait.
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream);
+              int top_k, float* h, int* pos_inc, const int* halt, cudaStream_t stream, int rows = 1);
 
 // Warps per block of the tensor-core moe_down for hidden size H: kMoeDownMaxWarps when its
 // H / 16 row blocks fit one per multiprocessor (twice the loads in flight behind a
-// multiprocessor's bytes: 41 KB a block at 35B-A3B), else 8. Warp w sums the (slot, group)
-// pairs w, w + warps, ... and the row totals add the warps in order; moe_fused's down phase
-// follows that order.
+// multiprocessor's bytes: 41 KB a block at 35B-A3B), else 8. Each expert's partial sums
+// over its input groups come first (in chunks of 4 groups, in order), then each token adds
+// its experts' partials in slot order, weighted, and the shared expert's last.
 constexpr int kMoeDownMaxWarps = 16;
 int moe_down_warps(int hidden);
+
+// Dynamic shared memory of the tensor-core moe_down.
+size_t moe_down_smem_bytes(const MoeExperts& m, int top_k, int rows);
 
 }  // namespace lily::cuda

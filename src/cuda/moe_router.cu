@@ -20,15 +20,16 @@ constexpr int kMaxWarps = 17;
 // then every C*warps rows after. Lane 0 stores each logit straight into block 0's shared
 // memory; after one cluster barrier block 0 routes from there. (A grid of blocks would
 // need a fence, a counter and an L2 re-read of the logits by the last block instead.)
-// Shared memory: logits [E + 1] (block 0's routing), then the staged x.
-template <int BITS, int U>
+// T tokens share every weight tile (RowWalk), each summed exactly as alone; warp t of
+// block 0 routes token t. Shared memory: logits [T][E + 1] (block 0's routing), then the
+// staged x rows.
+template <int BITS, int U, int T>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     router_kernel(QMat W, XSpec X, int E, int k, int norm_topk, RouterOut out, const int* halt) {
   extern __shared__ float4 smem[];
   float* logits = reinterpret_cast<float*>(smem);
-  float4* xs = smem + route_smem_bytes(E) / 16;
-  float* xsum = reinterpret_cast<float*>(xs + W.cols / 4);
-  float* scratch = xsum + W.cols / cols_per_chunk<BITS>();
+  const int ls = route_smem_bytes(E) / 4;  // floats per token's logits
+  const FmaStage st = fma_stage<BITS>(smem + T * ls / 4, W.cols, T);
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), warps = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -38,32 +39,35 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   walk.prefetch(W_of, rows_of, lane);
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
-  stage_x<BITS>(X, W.cols, xs, xsum, scratch);
+  stage_x<BITS, T>(X, W.cols, st);
   timeline_mark(0);
   cluster_wait();  // block 0 has started: its shared memory may be written
   float* logits0 = cluster.map_shared_rank(logits, 0);
-  walk.run(W_of, rows_of, xs, xsum, lane, [&](int g, const float (&acc)[1]) {
-    if (lane == 0) logits0[g] = acc[0];
+  walk.template run<T>(W_of, rows_of, st.xs, st.xsum, lane, [&](int g, const float (&acc)[T][1]) {
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < T; ++t) logits0[t * ls + g] = acc[t][0];
   });
   timeline_done();
   cluster.sync();  // release/acquire: block 0 sees every logit
   if (rank != 0) return;
-  if (warp == 0) route_topk(logits, E, k, norm_topk != 0, out.ids, out.weights, out.shared_gate);
+  if (warp < T)
+    route_topk(logits + warp * ls, E, k, norm_topk != 0, out.ids + warp * k, out.weights + warp * k, out.shared_gate + warp);
   timeline_mark(1);  // block 0 has routed (thread 0 is in warp 0)
-  if (out.logits)
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) out.logits[e] = logits[e];  // route_topk only reads them
+  if (out.logits)  // route_topk only reads them
+    for (int i = threadIdx.x; i < T * (E + 1); i += blockDim.x) out.logits[i] = logits[(i / (E + 1)) * ls + i % (E + 1)];
 }
 
-template <int BITS>
+template <int BITS, int T>
 void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, const RouterOut& out, const int* halt,
                    cudaStream_t stream, int max_cluster) {
-  const size_t smem = route_smem_bytes(E) + stage_bytes<BITS>(W.cols);
+  const size_t smem = T * route_smem_bytes(E) + stage_bytes<BITS>(W.cols, T);
   if (smem > 48 * 1024) fail("moe_router: hidden size or expert count too large");
   const int chunks = W.chunks();
-  auto kernel = chunks <= 32 ? router_kernel<BITS, 1> : chunks <= 64 ? router_kernel<BITS, 2> : router_kernel<BITS, 4>;
+  auto kernel = chunks <= 32 ? router_kernel<BITS, 1, T> : chunks <= 64 ? router_kernel<BITS, 2, T> : router_kernel<BITS, 4, T>;
   const int threads = kMaxWarps * 32;  // sized below; the cluster size is queried at the largest block
   const int cluster = max_cluster_size(reinterpret_cast<const void*>(kernel), threads, smem, max_cluster, "moe_router");
-  const int warps = std::min(kMaxWarps, (W.rows + cluster - 1) / cluster);
+  const int warps = std::max(T, std::min(kMaxWarps, (W.rows + cluster - 1) / cluster));
   launch_clustered("moe_router", cluster, kernel, dim3(cluster), dim3(warps * 32), smem, stream, W, X, E, k,
                    int(norm_topk), out, halt);
 }
@@ -71,16 +75,19 @@ void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, 
 }  // namespace
 
 void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool norm_topk, const RouterOut& out,
-                const int* halt, cudaStream_t stream, int max_cluster) {
+                const int* halt, cudaStream_t stream, int max_cluster, int rows) {
   if (W.rows != n_experts + 1) fail("moe_router: W must hold E router rows plus the shared-expert gate row");
   if (max_cluster < 1 || max_cluster > kRouterMaxCluster)
     fail("moe_router: max_cluster must be in [1, ", std::to_string(kRouterMaxCluster), "]");
   if (n_experts > kMoeMaxExperts) fail("moe_router: more than ", std::to_string(kMoeMaxExperts), " experts");
   if (top_k < 1 || top_k > kMoeMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
-  if (W.bits == 4) launch_router<4>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
-  else if (W.bits == 8) launch_router<8>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
-  else fail("moe_router: ", std::to_string(W.bits), "-bit router weights are not supported");
+  if (rows < 1 || rows > kMaxStepRows) fail("moe_router: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (W.bits != 4 && W.bits != 8) fail("moe_router: ", std::to_string(W.bits), "-bit router weights are not supported");
+  with_step_rows(rows, [&](auto t) {
+    if (W.bits == 4) launch_router<4, t>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
+    else launch_router<8, t>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
+  });
 }
 
 }  // namespace lily::cuda

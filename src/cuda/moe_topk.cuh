@@ -1,5 +1,5 @@
-// Expert choice of one token by one warp, shared by the decode router (moe_router.cu),
-// the one-launch MoE block (moe_fused.cu) and, for the argmax, the prefill routing.
+// Expert choice of one token by one warp, shared by the decode router (moe_router.cu)
+// and, for the argmax, the prefill routing.
 #pragma once
 #include <cfloat>
 

@@ -58,26 +58,31 @@ __device__ __forceinline__ float group_term(uint32_t sb, float v, float xsum) {
   return fmaf(s, v, (b - 128.0f * s) * xsum);
 }
 
-// Shared memory of stage_x_mma: fragments (cols * 4 bytes), group sums, the raw x, 32 scratch floats.
-__host__ __device__ constexpr size_t stage_mma_bytes(int cols) {
-  return static_cast<size_t>(cols) * 8 + static_cast<size_t>((cols / 64 + 3) / 4 * 4) * 4 + 32 * 4;
+// Shared memory of stage_x_mma for T x rows: fragments (T * cols * 4 bytes), group sums
+// (T x cols/64 padded to 4), the raw x (T * cols floats), scratch (block sums).
+__host__ __device__ constexpr int mma_sum_stride(int cols) { return (cols / 64 + 3) / 4 * 4; }
+__host__ __device__ constexpr size_t stage_mma_bytes(int cols, int T = 1) {
+  return static_cast<size_t>(T) * (static_cast<size_t>(cols) * 8 + mma_sum_stride(cols) * 4) + 16 * (T + 1) * 4;
 }
 
-// The regions of stage_x_mma carved from dynamic shared memory (stage_mma_bytes(cols)).
+// The regions of stage_x_mma carved from dynamic shared memory (stage_mma_bytes(cols, T)).
 struct MmaStage {
-  uint4* xf;    // [cols / 4] x fragments
-  float* xsum;  // [cols / 64, padded to 4] group sums
-  float* raw;   // [cols] raw x, then scratch
+  uint4* xf;       // [T][cols / 4] x fragments
+  float* xsum;     // [T][mma_sum_stride(cols)] group sums
+  float* raw;      // [T][cols] raw x
+  float* scratch;  // 16 (T + 1) floats
 };
-__device__ __forceinline__ MmaStage mma_stage(uint4* smem, int cols) {
-  float* xsum = reinterpret_cast<float*>(smem + cols / 4);
-  return {smem, xsum, xsum + (cols / 64 + 3) / 4 * 4};
+__device__ __forceinline__ MmaStage mma_stage(uint4* smem, int cols, int T = 1) {
+  float* xsum = reinterpret_cast<float*>(smem + static_cast<size_t>(T) * cols / 4);
+  float* raw = xsum + T * mma_sum_stride(cols);
+  return {smem, xsum, raw, raw + static_cast<size_t>(T) * cols};
 }
 
-// Builds x (XSpec) into the fragment layout and the per-group sums of hi + lo.
-__device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* xsum, float* raw, float* scratch) {
-  uint32_t* xw = reinterpret_cast<uint32_t*>(xf);
-  build_x(X, cols, reinterpret_cast<float4*>(raw), scratch, [&](int f, bool ok, float4 v) {
+// Builds T x rows (XSpec) into the fragment layout and the per-group sums of hi + lo.
+template <int T = 1>
+__device__ inline void stage_x_mma(const XSpec& X, int cols, const MmaStage& st) {
+  uint32_t* xw = reinterpret_cast<uint32_t*>(st.xf);
+  build_x<T>(X, cols, reinterpret_cast<float4*>(st.raw), cols, st.scratch, [&](int row, int f, bool ok, float4 v) {
     // hi = bf16(x), lo = bf16(x - hi), two values per cvt: [part][pair] words of columns (4f, 4f+1), (4f+2, 4f+3).
     const uint32_t hi[2] = {pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
     const float h[4] = {bf16_lo(hi[0]), bf16_hi(hi[0]), bf16_lo(hi[1]), bf16_hi(hi[1])};
@@ -90,14 +95,29 @@ __device__ inline void stage_x_mma(const XSpec& X, int cols, uint4* xf, float* x
     for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!ok) return;
     const int c = 4 * f, g = c >> 6, p = c & 15, j = (c & 63) >> 4, t = (p & 7) >> 1, word = 2 * j + (p >> 3);
+    uint32_t* rw = xw + static_cast<size_t>(row) * cols;
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
       const uint32_t* w = part ? lo : hi;
-      xw[((g * 4 + t) * 2 + part) * 8 + word] = w[0];
-      xw[((g * 4 + t + 1) * 2 + part) * 8 + word] = w[1];
+      rw[((g * 4 + t) * 2 + part) * 8 + word] = w[0];
+      rw[((g * 4 + t + 1) * 2 + part) * 8 + word] = w[1];
     }
-    if ((f & 15) == 0) xsum[g] = sum;
+    if ((f & 15) == 0) st.xsum[row * mma_sum_stride(cols) + g] = sum;
   });
+}
+
+// With T x rows staged, B column n of an mma holds row n / 2 (hi for even n, lo for odd; rows
+// past T repeat the last), so lane L supplies row min(L / 8, T - 1) as B, and its C columns
+// 2t, 2t + 1 (t = L % 4) are row t's: one mma computes every row, each as a T = 1 step would.
+struct MmaRows {
+  const uint4* xf;    // the fragments the lane loads (its B row)
+  const float* xsum;  // the group sums of its C row
+  int row;            // its C row (L % 4; outputs valid when < T)
+};
+template <int T>
+__device__ __forceinline__ MmaRows mma_rows(const MmaStage& st, int cols, int lane) {
+  const int b = min(lane >> 3, T - 1), c = lane & 3;
+  return {st.xf + static_cast<size_t>(b) * cols / 4, st.xsum + min(c, T - 1) * mma_sum_stride(cols), c};
 }
 
 // f(std::integral_constant<int, GPW>{}) for the groups per warp GPW in {1, 2, 4, 8} with
@@ -148,15 +168,16 @@ struct MmaTiles {
   }
 };
 
-// Per-row totals of a 16-row block over the block's warps: every warp calls
-// put_rows16 with its (y0, y1); after a barrier, row_total(red, r) sums row r in warp
-// order (deterministic). red is [warps][16] (row_total's n rows: the block's warps by
-// default); alternate two of them between row blocks.
+// Per-row totals of a 16-row block over the block's warps, for T x rows: every warp calls
+// put_rows16 with its (y0, y1) (C row lane % 4); after a barrier, row_total(red + t *
+// warps, r) sums row r of x row t in warp order (deterministic). red is [T][warps][16]
+// (row_total's n rows: the block's warps by default); alternate two of them between row blocks.
+template <int T = 1>
 __device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if ((lane & 3) == 0) {
-    red[warp][lane >> 2] = y0;
-    red[warp][(lane >> 2) + 8] = y1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, warps = blockDim.x >> 5;
+  if (t < T) {
+    red[t * warps + warp][lane >> 2] = y0;
+    red[t * warps + warp][(lane >> 2) + 8] = y1;
   }
 }
 
@@ -166,11 +187,13 @@ __device__ __forceinline__ float row_total(const float (*red)[16], int r, int n 
   return y;
 }
 
-// put_rows16 + barrier + row_total for thread r < 16.
+// put_rows16 + barrier + row_total for thread i < 16 T: x row i / 16, row i % 16 of the block.
+template <int T = 1>
 __device__ __forceinline__ float reduce_rows16(float (*red)[16], float y0, float y1) {
-  put_rows16(red, y0, y1);
+  put_rows16<T>(red, y0, y1);
   __syncthreads();
-  return threadIdx.x < 16 ? row_total(red, threadIdx.x) : 0.0f;
+  const int warps = blockDim.x >> 5;
+  return threadIdx.x < 16 * T ? row_total(red + (threadIdx.x >> 4) * warps, threadIdx.x & 15) : 0.0f;
 }
 
 }  // namespace lily::cuda

@@ -16,8 +16,8 @@ void run_qgemm_tests();
 void run_moe_prefill_tests();
 void run_gdn_prefill_tests();
 void run_attention_prefill_tests();
-void run_moe_fused_tests();
 void run_wgmma_tests();
+void run_rows_tests();
 }  // namespace lily::cuda::test
 
 int main(int argc, char** argv) {
@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
       {"moe_prefill", [](bool) { run_moe_prefill_tests(); }},
       {"gdn_prefill", [](bool) { run_gdn_prefill_tests(); }},
       {"attention_prefill", [](bool) { run_attention_prefill_tests(); }},
-      {"moe_fused", [](bool) { run_moe_fused_tests(); }},
       {"wgmma", [](bool) { run_wgmma_tests(); }},
+      {"rows", [](bool) { run_rows_tests(); }},
   };
   bool found = suite == nullptr;
   try {

@@ -45,7 +45,7 @@ struct Ref {
   Shape sh;
   const Weights& w;
   std::vector<double> S;    // [h][k][v]
-  std::vector<float> ring;  // [4][conv_dim] pre-conv rows by position mod 4
+  std::vector<float> ring;  // [kGdnRingRows][conv_dim] pre-conv rows by position
   // Outputs of the tokens stepped so far: q, k [t][Hk][Dk], v, o [t][Hv][Dv], beta, decay [t][Hv].
   std::vector<double> q, k, v, beta, decay, o;
 
@@ -56,10 +56,10 @@ struct Ref {
     std::vector<double> c(cd);
     for (int ch = 0; ch < cd; ++ch) {
       double y = w.conv_w[ch * 4 + 3] * double(p[ch]);
-      for (int j = 0; j < 3; ++j) y += w.conv_w[ch * 4 + j] * double(ring[((pos - 3 + j) & 3) * cd + ch]);
+      for (int j = 0; j < 3; ++j) y += w.conv_w[ch * 4 + j] * double(ring[((pos - 3 + j) & (kGdnRingRows - 1)) * cd + ch]);
       c[ch] = silu(y);
     }
-    std::copy(p, p + cd, ring.begin() + (pos & 3) * cd);
+    std::copy(p, p + cd, ring.begin() + (pos & (kGdnRingRows - 1)) * cd);
     for (int hk = 0; hk < sh.Hk; ++hk) {
       double sq = 0, sk = 0;
       for (int i = 0; i < sh.Dk; ++i) sq += c[hk * sh.Dk + i] * c[hk * sh.Dk + i], sk += c[kd + hk * sh.Dk + i] * c[kd + hk * sh.Dk + i];
@@ -144,7 +144,7 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   for (int t = 0; t <= total; ++t)
     for (int c = 0; c < np; ++c) proj[static_cast<size_t>(t) * ldp + c] = static_cast<float>(r.normal());
   const Weights w = random_weights(sh, r);
-  Ref ref{sh, w, {}, std::vector<float>(4 * cd, 0.0f), {}, {}, {}, {}, {}, {}};
+  Ref ref{sh, w, {}, std::vector<float>(kGdnRingRows * cd, 0.0f), {}, {}, {}, {}, {}, {}};
   ref.S.resize(sh.state_size());
   for (double& s : ref.S) s = 0.5 * r.normal();
   if (pos0 > 0)
@@ -228,7 +228,7 @@ void test_prefill(const Shape& sh, const std::vector<int>& chunks, int pos0, uin
   report("  gated norm (bf16, vs the kernel's o)", norm_err, 1e-2);
   expect("  nothing written past row T", tail_ok);
   report("  state after the chunks", rel_err(from_decode_layout(sh, from_dev(d_state, sh.state_size())), ref.S), 1e-4);
-  report("  conv ring after the chunks (exact)", rel_err(from_dev(d_ring, 4 * cd), std::vector<double>(ref.ring.begin(), ref.ring.end())), 0);
+  report("  conv ring after the chunks (exact)", rel_err(from_dev(d_ring, kGdnRingRows * cd), std::vector<double>(ref.ring.begin(), ref.ring.end())), 0);
 
   // gdn_decode continues: token `total` at position pos0 + total.
   GdnArgs da;
@@ -268,7 +268,7 @@ void time_prefill() {
   float* d_dt_bias = to_dev(w.dt_bias);
   float* d_neg_A = to_dev(w.neg_A);
   float* d_norm_w = to_dev(w.norm_w);
-  float* d_ring = dev_alloc<float>(4 * cd, false);
+  float* d_ring = dev_alloc<float>(kGdnRingRows * cd, false);
   float* d_state = dev_alloc<float>(sh.state_size(), false);
   const size_t kd = static_cast<size_t>(sh.Hk) * sh.Dk, vd = static_cast<size_t>(sh.Hv) * sh.Dv;
   float *d_q = dev_alloc<float>(T * kd), *d_k = dev_alloc<float>(T * kd), *d_v = dev_alloc<float>(T * vd);

@@ -114,7 +114,7 @@ void test_greedy_head(bool tiled, int V = 1000) {
   a.logits = dev_alloc<float>(V);
   a.select = HeadSelect::Greedy;
   a.ctl = s.ctl;
-  a.partial = dev_alloc<float2>(lm_head_max_blocks());
+  a.partial = dev_alloc<float2>(kLmHeadMaxBlocks);
   a.counter = dev_alloc<unsigned>(1, false);
   a.sink = s.sink();
   DecodeCtl c = params(0, 0, 1, 0);
@@ -213,7 +213,7 @@ void test_sampling() {
     a.compute = false;
     a.select = HeadSelect::Gumbel;
     a.ctl = s.ctl;
-    a.partial = dev_alloc<float2>(lm_head_max_blocks());
+    a.partial = dev_alloc<float2>(kLmHeadMaxBlocks);
     a.counter = dev_alloc<unsigned>(1, false);
     a.sink = s.sink();
     const DecodeCtl c = params(0.7f, 0, 1, 0);

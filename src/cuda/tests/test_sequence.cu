@@ -23,7 +23,7 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
   a.norm_w = to_dev(norm_w);
   a.dt_bias = to_dev(dt_bias);
   a.neg_A = to_dev(neg_a);
-  a.ring = dev_alloc<float>(4 * conv_dim, false);
+  a.ring = dev_alloc<float>(kGdnRingRows * conv_dim, false);
   const size_t S = static_cast<size_t>(Hv) * Dk * Dv;
   float* state[2] = {dev_alloc<float>(S, false), dev_alloc<float>(S)};
   float* proj = dev_alloc<float>(n_proj);

@@ -1,0 +1,109 @@
+"""Speculative verify on the CUDA executor at full Qwen3.6-35B-A3B dimensions (random weights).
+
+Measures, after a prompt of --context tokens (BENCHMARK.md's token formula):
+- plain decode: 64 steps of the on-device loop (as cuda_decode.py);
+- a verify step of T = 1..4 tokens (Engine.verify, greedy choices only: one host wait a
+  step), ms per step and its ratio to T = 1;
+- greedy speculation, rounds of verify + keep_verified with k = 1..3 drafts a round, by two
+  injected drafters: an oracle (the true greedy continuation: every draft accepted, the
+  upper bound) and an always-wrong one (every draft rejected, the lower bound). Both must
+  reproduce plain greedy decoding's tokens exactly; their effective tok/s are reported.
+Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lily import _lily, synthetic
+from lily.consistency import benchmark_tokens
+
+
+def speculate(engine, base, first: int, truth: list[int], k: int, oracle: bool, vocab: int):
+    """Greedy rounds from `base` until len(truth) tokens: drafts are the truth (oracle) or
+    off by one (always wrong). Returns (tokens, seconds, rounds)."""
+    s = engine.clone(base)
+    out, pending, rounds = [], first, 0
+    t0 = time.perf_counter()
+    while len(out) < len(truth):
+        nxt = truth[len(out) + 1:len(out) + 1 + k]
+        draft = nxt if oracle else [(t + 1) % vocab for t in nxt]
+        step = np.asarray([pending] + draft, np.int32)
+        choice = engine.verify(s, step, logits=False)
+        accepted = 1
+        while accepted < len(step) and step[accepted] == choice[accepted - 1]:
+            accepted += 1
+        engine.keep_verified(s, accepted)
+        out.extend(int(t) for t in step[:accepted])
+        pending = int(choice[accepted - 1])
+        rounds += 1
+    return out[:len(truth)], time.perf_counter() - t0, rounds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    config = synthetic.config_35b()
+    vocab = int(config["vocab_size"])
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(config))
+        engine = _lily.Engine.random(str(path), "cuda", 0, 0)
+    print(f"engine: {engine.device}, {engine.weight_bytes / 2**30:.1f} GiB of weights", flush=True)
+    room = args.context + 8 * args.tokens + 16
+    base = engine.new_session(room)
+    last = engine.forward(base, benchmark_tokens(args.context, vocab))
+    first = int(np.argmax(last))
+
+    rows = {"context": args.context, "device": engine.device}
+    for _ in range(2):  # warm-up, then the measured run
+        s = engine.clone(base)
+        stream = engine.generate(s, args.tokens + 1, _lily.SamplingParams(), [])
+        truth = stream.drain()
+    rows["plain_decode_tok_s"] = args.tokens / stream.decode_seconds
+    assert truth[0] == first, "the prefill's argmax is generate's first token"
+
+    step_ms = {}
+    for T in range(1, 5):
+        s = engine.clone(base)
+        ids = benchmark_tokens(T, vocab, 5)
+        for _ in range(3):
+            engine.verify(s, ids, logits=False)
+        t0 = time.perf_counter()
+        n = args.tokens
+        for _ in range(n):
+            engine.verify(s, ids, logits=False)
+        step_ms[T] = 1e3 * (time.perf_counter() - t0) / n
+    rows["verify_ms"] = step_ms
+    rows["verify_ratio"] = {T: step_ms[T] / step_ms[1] for T in step_ms}
+
+    spec = []
+    for k in (1, 2, 3):
+        for oracle in (True, False):
+            speculate(engine, base, first, truth[:8], k, oracle, vocab)  # graphs captured
+            got, secs, rounds = speculate(engine, base, first, truth, k, oracle, vocab)
+            spec.append({"drafts": k, "drafter": "oracle" if oracle else "always wrong", "tok_s": len(truth) / secs,
+                         "tokens_per_round": len(truth) / rounds, "same_tokens_as_plain": got == truth})
+    rows["speculation"] = spec
+    print(json.dumps(rows), flush=True)
+    print(f"plain decode {rows['plain_decode_tok_s']:.1f} tok/s at {args.context}")
+    for T in step_ms:
+        print(f"verify T={T}: {step_ms[T]:.3f} ms ({rows['verify_ratio'][T]:.2f}x T=1)")
+    for r in spec:
+        print(f"k={r['drafts']} {r['drafter']:>12}: {r['tok_s']:.1f} tok/s, {r['tokens_per_round']:.2f} tokens a round, "
+              f"same tokens: {r['same_tokens_as_plain']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
