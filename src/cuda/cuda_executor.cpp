@@ -211,15 +211,15 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice ho
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   try {
     switch (kind) {
-      case Graph::Body: enqueue_body(c, *dw_, *ws_, s.dev, p, stream_); break;
+      case Graph::Body: enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->tok_slots + p, 1, stream_); break;
       case Graph::Logits: enqueue_head(c, *dw_, *ws_, s.dev, p, true, false, how, stream_); break;
       case Graph::Step:
-        enqueue_body(c, *dw_, *ws_, s.dev, p, stream_);
+        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->tok_slots + p, 1, stream_);
         enqueue_head(c, *dw_, *ws_, s.dev, 1 - p, true, true, how, stream_);
         break;
       case Graph::Choose: enqueue_head(c, *dw_, *ws_, s.dev, p, false, true, how, stream_); break;
       case Graph::Verify:
-        enqueue_body(c, *dw_, *ws_, s.dev, p, stream_, rows);
+        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->step_tokens, rows, stream_);
         enqueue_verify_head(c, *dw_, *ws_, rows, stream_);
         break;
     }

@@ -74,7 +74,7 @@ Choice choice_for(const SamplingParams& p) {
 }
 
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
-                  cudaStream_t stream, int rows) {
+                  const int* tokens, int rows, cudaStream_t stream) {
   const int* halt = &ws.ctl->halt;
   const float eps = c.rms_norm_eps;
   int full = 0, lin = 0;
@@ -84,7 +84,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
     if (i == 0) {  // the step's first kernel: it also reads the halt flag after its wait (decode_ctl.h)
       xin.mode = XMode::EmbedRmsNorm;
       xin.embed = W.embed;
-      xin.token = rows == 1 ? ws.tok_slots + parity : ws.step_tokens;
+      xin.token = tokens;
       xin.h_out = ws.h;
     } else {
       xin.mode = XMode::RmsNorm;

@@ -59,12 +59,11 @@ bool verify_supported(const DeviceWeights& W, const Workspace& ws, std::string* 
 
 Choice choice_for(const SamplingParams& p);
 
-// Feeds the token in slot `parity`: state[parity] -> state[1-parity], pos += 1. With rows
-// > 1 (a verify step), feeds ws.step_tokens[0 .. rows) at once, each row computed exactly
-// as by its own step: state[parity] -> state_rows (after each token but the last) and
-// state[1-parity] (after the last), pos += rows.
+// Feeds the tokens[0 .. rows) (device memory: a token slot, or a verify step's tokens) at
+// once, each row computed exactly as by its own step: state[parity] -> state_rows (after
+// each token but the last) and state[1-parity] (after the last), pos += rows.
 void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int parity,
-                  cudaStream_t stream, int rows = 1);
+                  const int* tokens, int rows, cudaStream_t stream);
 
 // Head: when `compute`, logits[dst] = lm_head(norm(h)); then, when `choose`, picks a
 // token from logits[dst] into token slot `dst` (and the host's copy of that slot).

@@ -143,8 +143,8 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// N sums over the block for the barriers of one; every thread gets them. `red` holds >= 32
-// floats of shared memory: sum i uses red[16 i + warp], so N > 1 needs <= 512 threads.
+// N sums over the block for the barriers of one; every thread gets them. `red` holds >= 32 N
+// floats of shared memory (sum i uses red[32 i + warp]).
 template <int N>
 __device__ __forceinline__ void block_sums(float (&v)[N], float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -153,10 +153,10 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float* red) {
   __syncthreads();
   if (lane == 0)
 #pragma unroll
-    for (int i = 0; i < N; ++i) red[16 * i + warp] = v[i];
+    for (int i = 0; i < N; ++i) red[32 * i + warp] = v[i];
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < nw ? red[16 * i + lane] : 0.0f);
+  for (int i = 0; i < N; ++i) v[i] = warp_sum(lane < nw ? red[32 * i + lane] : 0.0f);
 }
 __device__ __forceinline__ float block_sum(float v, float* red) {
   float s[1] = {v};

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(128) gdn_decode_kernel(GdnArgs a, const int* h
   const int C = a.Dv / kGdnSplit, nk = a.Dk / 4;
   const int kh = h / (a.Hv / a.Hk);
   const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv, proj_rows = conv_dim + a.Hv * a.Dv + 2 * a.Hv;
-  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[16 * (T + 1)], head_ss[T][kGdnSplit];
+  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32 * (T > 2 ? T : 2)], head_ss[T][kGdnSplit];
 
   // Only the input projection (proj) comes from the kernel launched just before this one;
   // pos, the conv ring and the state were last written a step ago (gdn_decode.h), so they

@@ -201,13 +201,13 @@ struct RowWalk {
 
 template <int BITS>
 __host__ __device__ constexpr size_t stage_bytes(int cols, int T = 1) {
-  return (static_cast<size_t>(T) * stage_floats<BITS>(cols) + 16 * (T + 1)) * 4;
+  return (static_cast<size_t>(T) * stage_floats<BITS>(cols) + 32 * T) * 4;
 }
 // The regions of stage_x carved from dynamic shared memory (stage_bytes(cols, T)).
 struct FmaStage {
   float4* xs;      // row t at xs + t * stage_floats / 4
   float* xsum;     // row t at xsum + t * stage_floats
-  float* scratch;  // 16 (T + 1) floats: block sums
+  float* scratch;  // 32 T floats: block sums
 };
 template <int BITS>
 __device__ __forceinline__ FmaStage fma_stage(float4* smem, int cols, int T = 1) {

@@ -244,25 +244,30 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   timeline_done();
 }
 
-// Tensor-core down + combine: block task = 16 output rows. Items are (expert, chunk of up
-// to kDownItemGroups groups of its 64 inputs): the routed experts of the union (above),
-// then the shared expert; warp w takes items w, w + WARPS, ..., their tiles loaded two
-// items ahead (the first two before the wait). An item's partial [T][16] goes to shared
-// memory; then each output row sums, for its token in slot order, weight x (the expert's
-// chunks in order), and the shared expert's gate x its chunks: a token's sum does not
-// depend on which other tokens share the step. act: [T][k * I + Is]; h: [T][H].
-constexpr int kDownItemGroups = 4;
+// Tensor-core down + combine: block task = 16 output rows. Pairs are (expert, group of 64
+// inputs): the groups of the union's routed experts (above), then the shared expert's;
+// warp w takes pairs w, w + WARPS, ..., U at a time, one tile each (the first U before the
+// wait), every token's B columns from its own activations. A pair's partial [T][16] goes to
+// shared memory; then each output row sums, for its token in slot order, weight x (the
+// expert's groups in order), and the shared gate x the shared expert's groups: a token's
+// sum depends neither on the warps nor on which tokens share the step. act: [T][k I + Is];
+// h: [T][H]. One token takes all its pairs in one go (U * WARPS >= k I / 64 + Is / 64).
+template <int U>
+struct PairTiles {
+  uint4 c[U];
+  uint32_t s0[U], s1[U];
+};
 
-template <int WARPS, int T>
+template <int WARPS, int U, int T>
 __global__ void __launch_bounds__(WARPS * 32)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
                     int k, float* h, int* pos_inc, const int* halt) {
   extern __shared__ uint4 smem_u4[];
   const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows, n_rb = H / 16;
   const int gI = I / 64, gS = Is / 64, cols = k * I + Is;
-  const int nc = (gI + kDownItemGroups - 1) / kDownItemGroups, ns = (gS + kDownItemGroups - 1) / kDownItemGroups;
   const MmaStage st = mma_stage(smem_u4, cols, T);
-  float* part = st.scratch + 16 * (T + 1);  // [items][T][16]
+  float* part = st.scratch + 32 * T;  // [pairs][T][16]
+  __shared__ int s_ids[kMoeMaxTopK];                     // one token: its experts
   __shared__ int s_union[kMoeMaxTopK * kMaxStepRows];  // token t's slot j -> union index (t k + j)
   __shared__ float s_w[kMaxStepRows][kMoeMaxTopK + 1];  // routing weights, the shared gate last
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -273,31 +278,37 @@ __global__ void __launch_bounds__(WARPS * 32)
   if (threadIdx.x < T * k) {
     s_union[threadIdx.x] = un.lane_u;
     s_w[threadIdx.x / k][threadIdx.x % k] = __ldcg(weights + threadIdx.x);
+    if (T == 1) s_ids[threadIdx.x] = un.lane_id;
   }
   if (threadIdx.x < T) s_w[threadIdx.x][k] = __ldcg(shared_gate + threadIdx.x);
-  const int n_items = un.n * nc + ns;
-
-  // Item i of row block rb: its expert's tiles of groups chunk * 4 .. (fewer past gX).
-  auto load = [&](MmaTiles<kDownItemGroups>& tl, int i, int rb) {
-    if (i >= n_items || rb >= n_rb) return;
-    const bool shared = i >= un.n * nc;
-    const int x = shared ? 0 : i / nc, chunk = shared ? i - un.n * nc : i % nc;
-    const QMat& W = shared ? m.shared_down : m.down;
-    tl.load(W, shared ? rb : un.expert(x) * n_rb + rb, chunk * kDownItemGroups, shared ? gS : gI, lane);
+  __syncthreads();
+  const int routed = un.n * gI, n_pairs = routed + gS;
+  // Pair p's expert index x (un.n: the shared expert) and group.
+  auto pair_of = [&](int p, int& x, int& g) {
+    x = p < routed ? p / gI : un.n;
+    g = p < routed ? p - x * gI : p - routed;
   };
-  // The warp's items in order: for each of its row blocks, items warp, warp + WARPS, ...
-  auto advance = [&](int& rb_, int& i_) {
-    i_ += WARPS;
-    if (i_ >= n_items) {
-      i_ = warp;
-      rb_ += gridDim.x;
+  auto expert = [&](int x) { return T == 1 ? s_ids[x] : un.expert(x); };
+  // Chunk j of this warp's pairs for row block rb.
+  auto load = [&](PairTiles<U>& tl, int j, int rb) {
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int p = warp + WARPS * (U * j + i);
+      if (p < n_pairs) {
+        int x, g;
+        pair_of(p, x, g);
+        const bool shared = x == un.n;
+        const QMat& W = shared ? m.shared_down : m.down;
+        const size_t t = static_cast<size_t>(shared ? rb : expert(x) * n_rb + rb) * (shared ? gS : gI) + g;
+        tl.c[i] = load_stream(W.codes + t * 32 + lane);
+        tl.s0[i] = __ldg(W.sb + t * 16 + (lane >> 2));
+        tl.s1[i] = __ldg(W.sb + t * 16 + (lane >> 2) + 8);
+      }
     }
   };
-  MmaTiles<kDownItemGroups> cur, next;
-  int rb = blockIdx.x, next_rb = rb, next_i = warp;
-  load(cur, next_i, next_rb);
-  advance(next_rb, next_i);
-  load(next, next_i, next_rb);
+  PairTiles<U> cur;
+  int rb = blockIdx.x;
+  if (rb < n_rb) load(cur, 0, rb);
   const float resid0 = threadIdx.x < 16 * T && rb < n_rb ? __ldcg(h + static_cast<size_t>(t_out) * H + rb * 16 + r_out) : 0.0f;
   if (wait_halted(halt)) return;
   XSpec X;
@@ -305,50 +316,62 @@ __global__ void __launch_bounds__(WARPS * 32)
   stage_x_mma<T>(X, cols, st);
   timeline_mark(0);
   const int tb = min(lane >> 3, T - 1), tc = lane & 3;  // the lane's B row (token) and C row
+  const uint4* xf = st.xf + static_cast<size_t>(tb) * cols / 4;
+  const float* xsum = st.xsum + min(tc, T - 1) * mma_sum_stride(cols);
   for (int iter = 0; rb < n_rb; rb += gridDim.x, ++iter) {
-    for (int i = warp; i < n_items; i += WARPS) {
-      const bool shared = i >= un.n * nc;
-      const int x = shared ? un.n : i / nc, chunk = shared ? i - un.n * nc : i % nc;
-      const int gX = shared ? gS : gI, e = shared ? -1 : un.expert(x);
-      // Each token's input group of this expert: its slot's groups, or the shared expert's.
-      const int sb = shared ? k : max(un.slot_of(e, tb, k), 0), sc = shared ? k : un.slot_of(e, min(tc, T - 1), k);
-      const uint4* xf = st.xf + static_cast<size_t>(tb) * cols / 4;
-      const float* xsum = st.xsum + min(tc, T - 1) * mma_sum_stride(cols);
-      float y0 = 0.0f, y1 = 0.0f;
+    for (int j = 0; warp + WARPS * U * j < n_pairs; ++j) {
+      PairTiles<U> nxt;
+      const bool more = T > 1 && warp + WARPS * U * (j + 1) < n_pairs;
+      if constexpr (T > 1)
+        if (more) load(nxt, j + 1, rb);
 #pragma unroll
-      for (int q = 0; q < kDownItemGroups; ++q) {
-        const int g = chunk * kDownItemGroups + q;
-        if (g < gX) {
-          const float2 v = group_mma(cur.c[q], xf, sb * gI + g, lane);
+      for (int i = 0; i < U; ++i) {
+        const int p = warp + WARPS * (U * j + i);
+        if (p < n_pairs) {
+          int x, g;
+          pair_of(p, x, g);
+          // The group each token's B / C row takes: its slot's (any slot where it has none:
+          // its column is then not kept), or the shared expert's after the k slots.
+          int sb = k, sc = k;
+          if (x < un.n) {
+            if constexpr (T == 1) {
+              sb = sc = x;
+            } else {
+              const int e = un.expert(x);
+              sb = max(un.slot_of(e, tb, k), 0);
+              sc = un.slot_of(e, min(tc, T - 1), k);
+            }
+          }
+          const float2 v = group_mma(cur.c[i], xf, sb * gI + g, lane);
           const float xs = xsum[max(sc, 0) * gI + g];
-          y0 += group_term(cur.s0[q], v.x, xs);
-          y1 += group_term(cur.s1[q], v.y, xs);
+          if (tc < T && sc >= 0) {
+            float* dst = part + (static_cast<size_t>(p) * T + tc) * 16;
+            dst[lane >> 2] = group_term(cur.s0[i], v.x, xs);
+            dst[(lane >> 2) + 8] = group_term(cur.s1[i], v.y, xs);
+          }
         }
       }
-      if (iter == 0 && i == warp) timeline_mark(1);
-      if (tc < T && sc >= 0) {
-        float* p = part + (static_cast<size_t>(shared ? un.n * nc + chunk : x * nc + chunk) * T + tc) * 16;
-        p[lane >> 2] = y0;
-        p[(lane >> 2) + 8] = y1;
+      if (iter == 0 && j == 0) timeline_mark(1);
+      if constexpr (T > 1) {
+        if (!more) break;
+        cur = nxt;
       }
-      cur = next;
-      advance(next_rb, next_i);
-      load(next, next_i, next_rb);
     }
     __syncthreads();
     if (threadIdx.x < 16 * T) {
-      auto expert_sum = [&](int x0, int n) {
+      auto expert_sum = [&](int p0, int n) {
         float d = 0.0f;
-        for (int c = 0; c < n; ++c) d += part[((x0 + c) * T + t_out) * 16 + r_out];
+        for (int g = 0; g < n; ++g) d += part[((p0 + g) * T + t_out) * 16 + r_out];
         return d;
       };
       float y = 0.0f;
-      for (int j = 0; j < k; ++j) y = fmaf(s_w[t_out][j], expert_sum(s_union[t_out * k + j] * nc, nc), y);
-      y = fmaf(s_w[t_out][k], expert_sum(un.n * nc, ns), y);
+      for (int j = 0; j < k; ++j) y = fmaf(s_w[t_out][j], expert_sum(s_union[t_out * k + j] * gI, gI), y);
+      y = fmaf(s_w[t_out][k], expert_sum(routed, gS), y);
       float* dst = h + static_cast<size_t>(t_out) * H + rb * 16 + r_out;
       *dst = (iter == 0 ? resid0 : *dst) + y;
     }
     __syncthreads();  // the partials are rewritten by the next row block
+    if (rb + static_cast<int>(gridDim.x) < n_rb) load(cur, 0, rb + gridDim.x);
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += T;
   timeline_done();
@@ -433,10 +456,8 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
 }
 
 size_t moe_down_smem_bytes(const MoeExperts& m, int top_k, int rows) {
-  const int nc = (m.inter / 64 + kDownItemGroups - 1) / kDownItemGroups;
-  const int ns = (m.shared_inter / 64 + kDownItemGroups - 1) / kDownItemGroups;
-  const size_t items = static_cast<size_t>(rows) * top_k * nc + ns;
-  return stage_mma_bytes(top_k * m.inter + m.shared_inter, rows) + items * rows * 16 * 4;
+  const size_t pairs = static_cast<size_t>(rows) * top_k * (m.inter / 64) + m.shared_inter / 64;
+  return stage_mma_bytes(top_k * m.inter + m.shared_inter, rows) + pairs * rows * 16 * 4;
 }
 
 void moe_down(const MoeExperts& m, const float* act, const int* ids, const float* weights, const float* shared_gate,
@@ -447,15 +468,28 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
     const int H = m.shared_down.rows, n_rb = H / 16;
     const int warps = moe_down_warps(H), grid = std::min(n_rb, 2 * sm_count());
     const size_t smem = moe_down_smem_bytes(m, top_k, rows);
-    with_step_rows(rows, [&](auto t) {
-      auto run = [&](auto kernel, int threads) {
-        allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_down: set smem");
-        launch("moe_down (tensor cores)", kernel, dim3(grid), dim3(threads), smem, stream, m, act, ids, weights,
-               shared_gate, top_k, h, pos_inc, halt);
-      };
-      if (warps == kMoeDownMaxWarps) run(down_mma_kernel<kMoeDownMaxWarps, t>, kMoeDownMaxWarps * 32);
-      else run(down_mma_kernel<kWarps, t>, kWarps * 32);
-    });
+    // One row takes its (slot, group) pairs in one go, U a warp (registers: a kernel of the
+    // next layer fits beside it); several rows walk theirs 5 a warp at a time.
+    const int pairs = top_k * (m.inter / 64) + m.shared_inter / 64, u = (pairs + warps - 1) / warps;
+    if (rows == 1 && u > 10)
+      fail("moe_down: more than ", std::to_string(10 * warps), " (slot, group) pairs are not supported with tiled weights");
+    auto run = [&](auto kernel, int threads) {
+      allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_down: set smem");
+      launch("moe_down (tensor cores)", kernel, dim3(grid), dim3(threads), smem, stream, m, act, ids, weights, shared_gate,
+             top_k, h, pos_inc, halt);
+    };
+    auto with_warps = [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      if (rows > 1) {
+        with_step_rows(rows, [&](auto t) {
+          if constexpr (decltype(t)::value > 1) run(down_mma_kernel<W, 5, decltype(t)::value>, W * 32);
+        });
+      } else if (u <= 2) run(down_mma_kernel<W, 2, 1>, W * 32);
+      else if (u <= 5) run(down_mma_kernel<W, 5, 1>, W * 32);
+      else run(down_mma_kernel<W, 10, 1>, W * 32);
+    };
+    if (warps == kMoeDownMaxWarps) with_warps(std::integral_constant<int, kMoeDownMaxWarps>{});
+    else with_warps(std::integral_constant<int, kWarps>{});
     return;
   }
   if (m.down.bits == 4) launch_down<4>(m, act, ids, weights, shared_gate, top_k, h, pos_inc, halt, stream);

@@ -62,7 +62,7 @@ __device__ __forceinline__ float group_term(uint32_t sb, float v, float xsum) {
 // (T x cols/64 padded to 4), the raw x (T * cols floats), scratch (block sums).
 __host__ __device__ constexpr int mma_sum_stride(int cols) { return (cols / 64 + 3) / 4 * 4; }
 __host__ __device__ constexpr size_t stage_mma_bytes(int cols, int T = 1) {
-  return static_cast<size_t>(T) * (static_cast<size_t>(cols) * 8 + mma_sum_stride(cols) * 4) + 16 * (T + 1) * 4;
+  return static_cast<size_t>(T) * (static_cast<size_t>(cols) * 8 + mma_sum_stride(cols) * 4 + 32 * 4);
 }
 
 // The regions of stage_x_mma carved from dynamic shared memory (stage_mma_bytes(cols, T)).
@@ -70,7 +70,7 @@ struct MmaStage {
   uint4* xf;       // [T][cols / 4] x fragments
   float* xsum;     // [T][mma_sum_stride(cols)] group sums
   float* raw;      // [T][cols] raw x
-  float* scratch;  // 16 (T + 1) floats
+  float* scratch;  // 32 T floats
 };
 __device__ __forceinline__ MmaStage mma_stage(uint4* smem, int cols, int T = 1) {
   float* xsum = reinterpret_cast<float*>(smem + static_cast<size_t>(T) * cols / 4);
