@@ -9,6 +9,9 @@ Measures, after a prompt of --context tokens (BENCHMARK.md's token formula):
   upper bound) and an always-wrong one (every draft rejected, the lower bound). Both must
   reproduce plain greedy decoding's tokens exactly; their effective tok/s are reported.
 Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--json OUT]
+With a timeline build (LILY_CUDA_TIMELINE_OUT set), --timeline-rows T runs only a plain
+generate() (call 0 of the file) and then --tokens verify steps of T rows, which the closing
+one-token generate() dumps as call 1: benchmarks/ops/decode_timeline.py FILE --call 1.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--json")
+    ap.add_argument("--timeline-rows", type=int, choices=range(1, 5), metavar="T")
     args = ap.parse_args()
     config = synthetic.config_35b()
     vocab = int(config["vocab_size"])
@@ -63,6 +67,15 @@ def main() -> None:
     base = engine.new_session(room)
     last = engine.forward(base, benchmark_tokens(args.context, vocab))
     first = int(np.argmax(last))
+
+    if args.timeline_rows:
+        s = engine.clone(base)
+        engine.generate(s, 16, _lily.SamplingParams(), []).drain()
+        ids = benchmark_tokens(args.timeline_rows, vocab, 5)
+        for _ in range(args.tokens):
+            engine.verify(s, ids, logits=False)
+        engine.generate(s, 1, _lily.SamplingParams(), []).drain()
+        return
 
     rows = {"context": args.context, "device": engine.device}
     for _ in range(2):  # warm-up, then the measured run

@@ -8,7 +8,7 @@ Block 0 of every decode kernel records when it started and when its PDL wait ret
 Kernel N+1's wait returns once kernel N has completed, so released[N+1] - released[N] is
 what kernel N adds to the step, where it runs: its weights from HBM, its predecessor's tail
 overlapped. The registry's warm and cold numbers only bound that. The last generate()
-call in the file is read; the kernels of one step repeat with a period found from their
+call in the file is read (or --call N: verify steps since a generate() form a call); the kernels of one step repeat with a period found from their
 grid sizes, and the step starts where a kernel started longest after its predecessor's release (a
 graph's first kernel waits for the whole previous graph). That holds for greedy steps,
 which end with the lm_head (cuda_decode.py); with a sampler after the lm_head the longest
@@ -29,10 +29,13 @@ GDN_LAYER = ["in-proj (GDN)", "gdn_decode", "out-proj (GDN)", "router", "gate/up
 ATTN_LAYER = ["in-proj (attn)", "attention", "attention merge", "out-proj (attn)", "router", "gate/up", "down"]
 
 
-def load_last_call(path: str) -> np.ndarray:
+def load_call(path: str, call: int | None = None) -> np.ndarray:
+    """One call's records (the last by default)."""
     rows = [line.split() for line in open(path) if line.strip()]
-    last = max(int(r[0]) for r in rows)
-    recs = np.array([[int(x) for x in r[1:]] for r in rows if int(r[0]) == last], dtype=np.int64)
+    want = max(int(r[0]) for r in rows) if call is None else call
+    recs = np.array([[int(x) for x in r[1:]] for r in rows if int(r[0]) == want], dtype=np.int64)
+    if not len(recs):
+        raise SystemExit(f"no call {want} in {path}")
     return recs[np.argsort(recs[:, 0])]  # index, grid, threads, start, released[, marks]
 
 
@@ -90,8 +93,10 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--positions", type=int, default=0, help="also list the first N kernels of a step (and its last two) one by one")
     ap.add_argument("--blocks", help="every block's stamps of the same call (LILY_CUDA_TIMELINE_BLOCKS): with --positions")
+    ap.add_argument("--call", type=int, help="which call of the file (default: the last; cuda_verify.py --timeline-rows "
+                                             "writes its verify steps as call 1)")
     args = ap.parse_args()
-    recs = load_last_call(args.timeline)
+    recs = load_call(args.timeline, args.call)
     sig = [(int(g), int(t)) for g, t in recs[:, 1:3]]
     k = period(sig)
     start, released = recs[:, 3], recs[:, 4]

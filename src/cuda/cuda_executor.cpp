@@ -362,6 +362,9 @@ void CudaExecutor::keep_step(Session& base, int64_t n, int64_t m) {
 }
 
 void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) {
+#ifdef LILY_CUDA_TIMELINE
+  if (timeline_.bytes()) dump_timeline();  // the verify steps since the last generate()
+#endif
   const SamplingParams& p = req.sampling;
   if (req.stop_ids.size() > static_cast<size_t>(kMaxStopIds))
     fail("generate: at most ", std::to_string(kMaxStopIds), " stop ids are supported on CUDA");
@@ -527,13 +530,16 @@ std::vector<Rec> fetch_records(const unsigned* count, const DeviceBuffer& buf, u
   return recs;
 }
 
-// Appends this generate() call's timeline to $LILY_CUDA_TIMELINE_OUT, one line per kernel:
-// call, index, grid, threads, start, released and the marks (ns); with
-// $LILY_CUDA_TIMELINE_BLOCKS, writes the call's block stamps there.
+// Appends the kernels recorded since the last dump (a generate() call's, or the verify
+// steps' since it, dumped when the next generate() starts) to $LILY_CUDA_TIMELINE_OUT as
+// one call, a line per kernel: call, index, grid, threads, start, released and the marks
+// (ns); with $LILY_CUDA_TIMELINE_BLOCKS, writes the call's block stamps there.
 void CudaExecutor::dump_timeline() {
   const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
   if (!path || !*path) return;
   const auto recs = fetch_records<TimelineRec>(&ws_->ctl->timeline_n, timeline_, kTimelineCap, "timeline records");
+  check(cudaMemset(&ws_->ctl->timeline_n, 0, sizeof(unsigned)), "timeline reset");
+  if (recs.empty()) return;
   std::FILE* f = std::fopen(path, "a");
   if (!f) fail("LILY_CUDA_TIMELINE_OUT: cannot open ", path);
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -548,6 +554,7 @@ void CudaExecutor::dump_timeline() {
   const char* bpath = std::getenv("LILY_CUDA_TIMELINE_BLOCKS");
   if (!bpath || !*bpath || !stamps_.bytes()) return;
   const auto stamps = fetch_records<BlockStamp>(&ws_->ctl->stamps_n, stamps_, kBlockStampCap, "block stamps");
+  check(cudaMemset(&ws_->ctl->stamps_n, 0, sizeof(unsigned)), "block stamps reset");
   std::FILE* b = std::fopen(bpath, "wb");
   if (!b) fail("LILY_CUDA_TIMELINE_BLOCKS: cannot open ", bpath);
   const size_t written = std::fwrite(stamps.data(), sizeof(BlockStamp), stamps.size(), b);
