@@ -69,8 +69,8 @@ def main() -> None:
     first = int(np.argmax(last))
 
     if args.timeline_rows:
-        s = engine.clone(base)
-        engine.generate(s, 16, _lily.SamplingParams(), []).drain()
+        engine.generate(engine.clone(base), 16, _lily.SamplingParams(), []).drain()
+        s = engine.clone(base)  # no pending token
         ids = benchmark_tokens(args.timeline_rows, vocab, 5)
         for _ in range(args.tokens):
             engine.verify(s, ids, logits=False)

@@ -46,9 +46,9 @@ constexpr int kSlabStride = D + 8;  // floats per row of the warp-merge slabs (c
 static_assert(kWarps * kRowsQ * (kSlabStride<256> * 4) <= kStages * 2 * kKeys * kRowBytes<256>, "slabs fit the stages");
 
 // Grid: x = KV head, y = split (blocks past the live splits of this position return), z =
-// token of a several-row step (the token at pos + z attends to keys 0 .. pos + z: its
-// blocks are exactly those of a one-row step at that position).
-template <int D>
+// token of a several-row step (kMulti; the token at pos + z attends to keys 0 .. pos + z:
+// its blocks are exactly those of a one-row step at that position).
+template <int D, bool kMulti>
 __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, const int* halt) {
   constexpr int DPL = D / 32, RB = kRowBytes<D>, CPR = D / 8, NT = D / 8, SS = kSlabStride<D>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -66,7 +66,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   const bool appends = split == n_splits - 1;  // this block's last key is its token's own
   // Keys [fresh, end) are this step's (the QKV projection has just made them; the other
   // tokens' blocks write them to the cache): this block puts them into shared memory itself.
+  // With one token the only one is its own, which this block also writes to the cache
+  // before the loop's first barrier: a tile after the prologue's reads it back from there.
   const int fresh = max(start, pos);
+  auto is_fresh = [&](int key, int t) { return key >= fresh && key < end && (kMulti || t < kStages - 1); };
   const size_t qkv_floats = attention_qkv_floats(a);
   const float* qkv = a.qkv + row * qkv_floats;
 
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
 #pragma unroll
     for (int j = 0; j < kKeys * CPR / kThreads; ++j) {
       const int i = tid + j * kThreads, r = i / CPR, c = i % CPR, key = start + t * kKeys + r;
-      if (key >= fresh && key < end) continue;
+      if (is_fresh(key, t)) continue;
       const bool ok = key < end;
       const size_t src = (static_cast<size_t>(ok ? key : start) * a.Hkv + g) * D + c * 8;
       cp_async16(sk + r * RB + c * 16, a.k_cache + src, ok ? 16 : 0);
@@ -101,6 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
       store_bf16<DPL>(a.v_cache + at, v);
     }
     const int t = (key - start) / kKeys;
+    if (!is_fresh(key, t)) return;
     uint8_t* k_row = smem + kRowsQ * RB + ((t % kStages) * 2 * kKeys + (key - start) % kKeys) * RB;
     store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row) + lane * DPL, x);
     store_bf16<DPL>(reinterpret_cast<uint16_t*>(k_row + kKeys * RB) + lane * DPL, v);
@@ -117,8 +121,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     return;
   }
 
-  // Items 0 .. n_fresh-1: this step's keys in the prologue's tiles; then query rows 0 .. 15.
-  const int prologue_end = min(end, start + (kStages - 1) * kKeys);
+  // Items 0 .. n_fresh-1: this step's keys in the prologue's tiles (one token: its key in
+  // any tile, for the cache); then query rows 0 .. 15.
+  const int prologue_end = kMulti ? min(end, start + (kStages - 1) * kKeys) : end;
   const int n_fresh = max(0, prologue_end - fresh);
   for (int item = warp; item < n_fresh + kRowsQ; item += kWarps) {
     if (item < n_fresh) {
@@ -163,9 +168,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile t visible to all; every warp is done with the stage refilled next
     if (t + kStages - 1 < n_tiles) {
-      const int tn = t + kStages - 1, first = max(fresh, start + tn * kKeys), last = min(end, start + (tn + 1) * kKeys);
+      const int tn = t + kStages - 1;
       load_tile(tn);
-      for (int key = first + warp; key < last; key += kWarps) put_fresh(key);  // published by tile tn's barrier
+      if constexpr (kMulti) {  // published by tile tn's barrier
+        const int first = max(fresh, start + tn * kKeys), last = min(end, start + (tn + 1) * kKeys);
+        for (int key = first + warp; key < last; key += kWarps) put_fresh(key);
+      }
     }
     cp_async_commit();
     const int key0 = start + t * kKeys + warp * 16;  // this warp's first key
@@ -296,10 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
 
 template <int D>
 void launch_tc(const AttnArgs& a, const int* halt, cudaStream_t stream, int rows) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_tc_kernel<D>), kSmemBytes<D>,
-                     "attention_decode_tc: shared memory opt-in");
-  launch("attention_decode_tc", attention_tc_kernel<D>, dim3(a.Hkv, a.max_splits, rows), dim3(kThreads), kSmemBytes<D>,
-         stream, a, halt);
+  auto kernel = rows > 1 ? attention_tc_kernel<D, true> : attention_tc_kernel<D, false>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes<D>, "attention_decode_tc: shared memory opt-in");
+  launch("attention_decode_tc", kernel, dim3(a.Hkv, a.max_splits, rows), dim3(kThreads), kSmemBytes<D>, stream, a, halt);
   launch("attention_merge", attention_merge_kernel<D>, dim3(a.Hq, rows), dim3(kAttnMergeWarps * 32), 0, stream, a, halt);
 }
 

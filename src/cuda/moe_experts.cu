@@ -248,10 +248,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // inputs): the groups of the union's routed experts (above), then the shared expert's;
 // warp w takes pairs w, w + WARPS, ..., U at a time, one tile each (the first U before the
 // wait), every token's B columns from its own activations. A pair's partial [T][16] goes to
-// shared memory; then each output row sums, for its token in slot order, weight x (the
-// expert's groups in order), and the shared gate x the shared expert's groups: a token's
-// sum depends neither on the warps nor on which tokens share the step. act: [T][k I + Is];
-// h: [T][H]. One token takes all its pairs in one go (U * WARPS >= k I / 64 + Is / 64).
+// shared memory; then a warp per output row sums weight x partial over its token's pairs
+// q (slot-major: q = slot * I/64 + group, the shared expert's after the k slots), lane L
+// the q = L mod 32 in order, then the warp's butterfly: a token's sum depends neither on
+// the warps nor on which tokens share the step. act: [T][k I + Is]; h: [T][H]. One token
+// takes all its pairs in one go (U * WARPS >= k I / 64 + Is / 64).
 template <int U>
 struct PairTiles {
   uint4 c[U];
@@ -259,7 +260,7 @@ struct PairTiles {
 };
 
 template <int WARPS, int U, int T>
-__global__ void __launch_bounds__(WARPS * 32)
+__global__ void __launch_bounds__(WARPS * 32, 1)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
                     int k, float* h, int* pos_inc, const int* halt) {
   extern __shared__ uint4 smem_u4[];
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   __shared__ int s_union[kMoeMaxTopK * kMaxStepRows];  // token t's slot j -> union index (t k + j)
   __shared__ float s_w[kMaxStepRows][kMoeMaxTopK + 1];  // routing weights, the shared gate last
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;
+  constexpr int kOuts = (16 * T + WARPS - 1) / WARPS;  // output rows a warp sums: 16 T in all
 
   // The routing (written by the router, two launches back) before the wait, through L2.
   const ExpertUnion<T> un(ids, k, m.n_experts);
@@ -309,7 +310,14 @@ __global__ void __launch_bounds__(WARPS * 32)
   PairTiles<U> cur;
   int rb = blockIdx.x;
   if (rb < n_rb) load(cur, 0, rb);
-  const float resid0 = threadIdx.x < 16 * T && rb < n_rb ? __ldcg(h + static_cast<size_t>(t_out) * H + rb * 16 + r_out) : 0.0f;
+  // The residual rows of the first row block this warp sums, read before the wait (h was
+  // last written by the out-projection, three launches back): their round trip leaves the tail.
+  float resid0[kOuts];
+#pragma unroll
+  for (int i = 0; i < kOuts; ++i) {
+    const int o = warp + WARPS * i;
+    resid0[i] = o < 16 * T && rb < n_rb && lane == 0 ? __ldcg(h + static_cast<size_t>(o >> 4) * H + rb * 16 + (o & 15)) : 0.0f;
+  }
   if (wait_halted(halt)) return;
   XSpec X;
   X.x = act;
@@ -358,17 +366,23 @@ __global__ void __launch_bounds__(WARPS * 32)
       }
     }
     __syncthreads();
-    if (threadIdx.x < 16 * T) {
-      auto expert_sum = [&](int p0, int n) {
-        float d = 0.0f;
-        for (int g = 0; g < n; ++g) d += part[((p0 + g) * T + t_out) * 16 + r_out];
-        return d;
-      };
-      float y = 0.0f;
-      for (int j = 0; j < k; ++j) y = fmaf(s_w[t_out][j], expert_sum(s_union[t_out * k + j] * gI, gI), y);
-      y = fmaf(s_w[t_out][k], expert_sum(routed, gS), y);
-      float* dst = h + static_cast<size_t>(t_out) * H + rb * 16 + r_out;
-      *dst = (iter == 0 ? resid0 : *dst) + y;
+    const int n_q = k * gI + gS;
+#pragma unroll
+    for (int i = 0; i < kOuts; ++i) {
+      const int o = warp + WARPS * i, t = o >> 4, r = o & 15;
+      if (o < 16 * T) {
+        float y = 0.0f;
+        for (int q = lane; q < n_q; q += 32) {
+          const int j = q < k * gI ? q / gI : k, g = q < k * gI ? q - j * gI : q - k * gI;
+          const int p = j < k ? s_union[t * k + j] * gI + g : routed + g;
+          y = fmaf(s_w[t][j], part[(p * T + t) * 16 + r], y);
+        }
+        y = warp_sum(y);
+        if (lane == 0) {
+          float* dst = h + static_cast<size_t>(t) * H + rb * 16 + r;
+          *dst = (iter == 0 ? resid0[i] : *dst) + y;
+        }
+      }
     }
     __syncthreads();  // the partials are rewritten by the next row block
     if (rb + static_cast<int>(gridDim.x) < n_rb) load(cur, 0, rb + gridDim.x);
