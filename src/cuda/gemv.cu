@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_mma_kernel(QMat W
   const MmaStage st = mma_stage(smem_u4, W.cols, T);
   __shared__ float red[2][T * WARPS][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
-  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;  // the output row of threads < 16 T
+  const int t_out = T == 1 ? 0 : threadIdx.x >> 4, r_out = threadIdx.x & 15;  // the output row of threads < 16 T
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);

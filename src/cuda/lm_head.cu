@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
   const MmaStage st = mma_stage(smem_u4, W.cols, T);
   __shared__ float red[2][T * kWarps][16];
   const int lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
-  const int t_out = threadIdx.x >> 4, r_out = threadIdx.x & 15;
+  const int t_out = T == 1 ? 0 : threadIdx.x >> 4, r_out = threadIdx.x & 15;
   int rb = blockIdx.x;
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);

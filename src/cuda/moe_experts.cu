@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int H = m.gate_up.cols, G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
   const int I = m.inter, rbe = 2 * I / 16, n_shared = 2 * m.shared_inter / 16, act_stride = k * I + m.shared_inter;
   const int grid = static_cast<int>(gridDim.x);
-  const int t_out = threadIdx.x >> 3, r_out = threadIdx.x & 7;  // threads < 8 T: token, output row
+  const int t_out = T == 1 ? 0 : threadIdx.x >> 3, r_out = threadIdx.x & 7;  // threads < 8 T: token, output row
   const MmaStage st = mma_stage(smem_u4, H, T);
   int it = 0;  // row blocks done: red[it & 1] alternates between them
   // SiLU(gate) * up of one row block for every token: token t's 8 outputs go to act row t
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       const int o = out(t_out);
       const float (*rt)[16] = red[it & 1] + t_out * kWarps;
       const float g = row_total(rt, r_out), u = row_total(rt, r_out + 8);
-      if (o >= 0) act[t_out * act_stride + o + r_out] = siluf_(g) * u;
+      if (T == 1 || o >= 0) act[t_out * act_stride + o + r_out] = siluf_(g) * u;
     }
     ++it;
   };
@@ -326,6 +326,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   const int tb = min(lane >> 3, T - 1), tc = lane & 3;  // the lane's B row (token) and C row
   const uint4* xf = st.xf + static_cast<size_t>(tb) * cols / 4;
   const float* xsum = st.xsum + min(tc, T - 1) * mma_sum_stride(cols);
+  // One token: pair p is group p of its concatenated activations (slot-major), so the
+  // lane's terms q = lane + 32 i of the combine are pairs q with weights known already.
+  constexpr int kTerms = T == 1 ? 10 * kMoeDownMaxWarps / 32 : 1;  // pairs <= 10 a warp (moe_down)
+  float q_w[kTerms];
+  if constexpr (T == 1)
+#pragma unroll
+    for (int i = 0; i < kTerms; ++i) {
+      const int q = lane + 32 * i;
+      q_w[i] = q < routed ? s_w[0][q / gI] : q < n_pairs ? s_w[0][k] : 0.0f;
+    }
   for (int iter = 0; rb < n_rb; rb += gridDim.x, ++iter) {
     for (int j = 0; warp + WARPS * U * j < n_pairs; ++j) {
       PairTiles<U> nxt;
@@ -336,22 +346,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       for (int i = 0; i < U; ++i) {
         const int p = warp + WARPS * (U * j + i);
         if (p < n_pairs) {
-          int x, g;
-          pair_of(p, x, g);
           // The group each token's B / C row takes: its slot's (any slot where it has none:
           // its column is then not kept), or the shared expert's after the k slots.
-          int sb = k, sc = k;
-          if (x < un.n) {
-            if constexpr (T == 1) {
-              sb = sc = x;
-            } else {
+          int gb = p, gc = p, sc = 0;
+          if constexpr (T > 1) {
+            int x, g;
+            pair_of(p, x, g);
+            int sb = k;
+            sc = k;
+            if (x < un.n) {
               const int e = un.expert(x);
               sb = max(un.slot_of(e, tb, k), 0);
               sc = un.slot_of(e, min(tc, T - 1), k);
             }
+            gb = sb * gI + g;
+            gc = max(sc, 0) * gI + g;
           }
-          const float2 v = group_mma(cur.c[i], xf, sb * gI + g, lane);
-          const float xs = xsum[max(sc, 0) * gI + g];
+          const float2 v = group_mma(cur.c[i], xf, gb, lane);
+          const float xs = xsum[gc];
           if (tc < T && sc >= 0) {
             float* dst = part + (static_cast<size_t>(p) * T + tc) * 16;
             dst[lane >> 2] = group_term(cur.s0[i], v.x, xs);
@@ -372,10 +384,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
       const int o = warp + WARPS * i, t = o >> 4, r = o & 15;
       if (o < 16 * T) {
         float y = 0.0f;
-        for (int q = lane; q < n_q; q += 32) {
-          const int j = q < k * gI ? q / gI : k, g = q < k * gI ? q - j * gI : q - k * gI;
-          const int p = j < k ? s_union[t * k + j] * gI + g : routed + g;
-          y = fmaf(s_w[t][j], part[(p * T + t) * 16 + r], y);
+        if constexpr (T == 1) {
+#pragma unroll
+          for (int j = 0; j < kTerms; ++j)
+            if (lane + 32 * j < n_q) y = fmaf(q_w[j], part[(lane + 32 * j) * 16 + r], y);
+        } else {
+          for (int q = lane; q < n_q; q += 32) {
+            const int j = q < k * gI ? q / gI : k, g = q < k * gI ? q - j * gI : q - k * gI;
+            const int p = j < k ? s_union[t * k + j] * gI + g : routed + g;
+            y = fmaf(s_w[t][j], part[(p * T + t) * 16 + r], y);
+          }
         }
         y = warp_sum(y);
         if (lane == 0) {
@@ -384,8 +402,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
       }
     }
-    __syncthreads();  // the partials are rewritten by the next row block
-    if (rb + static_cast<int>(gridDim.x) < n_rb) load(cur, 0, rb + gridDim.x);
+    if (rb + static_cast<int>(gridDim.x) < n_rb) {
+      __syncthreads();  // the partials are rewritten by the next row block
+      load(cur, 0, rb + gridDim.x);
+    }
   }
   if (pos_inc && blockIdx.x == 0 && threadIdx.x == 0) *pos_inc += T;
   timeline_done();

@@ -174,10 +174,11 @@ struct MmaTiles {
 // (row_total's n rows: the block's warps by default); alternate two of them between row blocks.
 template <int T = 1>
 __device__ __forceinline__ void put_rows16(float (*red)[16], float y0, float y1) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const int at = T == 1 ? warp : t * static_cast<int>(blockDim.x >> 5) + warp;
   if (t < T) {
-    red[t * warps + warp][lane >> 2] = y0;
-    red[t * warps + warp][(lane >> 2) + 8] = y1;
+    red[at][lane >> 2] = y0;
+    red[at][(lane >> 2) + 8] = y1;
   }
 }
 
@@ -192,6 +193,7 @@ template <int T = 1>
 __device__ __forceinline__ float reduce_rows16(float (*red)[16], float y0, float y1) {
   put_rows16<T>(red, y0, y1);
   __syncthreads();
+  if constexpr (T == 1) return threadIdx.x < 16 ? row_total(red, threadIdx.x) : 0.0f;
   const int warps = blockDim.x >> 5;
   return threadIdx.x < 16 * T ? row_total(red + (threadIdx.x >> 4) * warps, threadIdx.x & 15) : 0.0f;
 }
