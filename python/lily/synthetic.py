@@ -27,6 +27,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .output import check_empty_dir
+
 _TEMPLATES = Path(__file__).parent / "templates"
 _GROUP_SIZE, _BITS, _GATE_BITS = 64, 4, 8
 _ROW_BLOCK_ELEMENTS = 1 << 22  # float elements generated at a time for 2-D tensors
@@ -498,6 +500,7 @@ def write_checkpoint(
     per_expert: bool = False,
     extra_tensors: bool = False,
     random_codes: bool | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Writes a random-weight checkpoint to out_dir and returns its path.
 
@@ -510,7 +513,9 @@ def write_checkpoint(
     ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of fused 3-D tensors.
     extra_tensors: add a few MTP and vision tensors that text-only loaders must skip.
     random_codes ("mlx" only): random codes instead of quantized random floats; by default
-    only for models above 2^30 parameters.
+    only for models above 2^30 parameters. out_dir must not exist or be empty, unless
+    overwrite: then the weight files of a checkpoint already there are deleted first (a
+    stale shard or index would otherwise be loaded with the new files).
     """
     if layout not in ("mlx", "hf"):
         raise ValueError(f"layout must be 'mlx' or 'hf', got {layout!r}")
@@ -520,8 +525,10 @@ def write_checkpoint(
         raise ValueError("random_codes applies to layout='mlx' only")
     config = config or tiny_config()
     text = copy.deepcopy(config.get("text_config", config))
-    out = Path(out_dir)
+    out = Path(out_dir) if overwrite else check_empty_dir(out_dir, allow="overwrite=True")
     out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
 
     top = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
            "tie_word_embeddings": text.get("tie_word_embeddings", False), "eos_token_id": text.get("eos_token_id")}
