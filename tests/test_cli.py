@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,14 @@ def test_synthetic_refuses_to_replace_a_checkpoint_unless_forced(tmp_path):
     assert r.returncode == 0, r.stderr
     replaced = lily.Model.load(str(out), device="cpu").logits([1, 2])
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"] and replaced.shape[0] == 2
+
+
+def test_train_tiny_refuses_a_busy_output_directory_before_training(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "train_tiny.py"
+    r = subprocess.run([sys.executable, str(tool), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must not exist or be empty" in r.stderr, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_version_comes_from_the_package():
