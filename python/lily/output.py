@@ -3,6 +3,7 @@ empty; one that holds files is the user's, and is written into only when they as
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ._lily import LilyError
@@ -18,3 +19,21 @@ def check_empty_dir(path, *, allow: str | None = None) -> Path:
         hint = f" (pass {allow} to write into it anyway)" if allow else ""
         raise LilyError(f"{path}: the output directory must not exist or be empty{hint}")
     return path
+
+
+def check_free_space(path, nbytes: int, *, freed: int = 0) -> None:
+    """A LilyError unless `nbytes` fit on the file system that holds (or would hold) `path`,
+    counting `freed` bytes the command deletes there first; so a long write cannot fail
+    at the end on a full disk."""
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    free = shutil.disk_usage(existing).free + freed
+    if nbytes > free:
+        raise LilyError(f"{path}: needs {_size(nbytes)} and only {_size(free)} are free there")
+
+
+def _size(nbytes: int) -> str:
+    for scale, unit in ((1e9, "GB"), (1e6, "MB")):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:,} bytes"
