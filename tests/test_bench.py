@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lily import _lily, synthetic
-from lily.bench import arm, contract, sweep
+from lily.bench import arm, contract, plot, sweep
 from lily.bench.roofline import H200_DOCUMENTED, Dims
 from lily.bench.runners import Timing
 from lily.cli import main
@@ -63,6 +63,103 @@ def test_sweep_refuses_bad_options(tmp_path, capsys):
     assert main(["bench", "--synthetic", "tiny", "--compare", "nope", "--out", str(tmp_path)]) == 2
     assert main(["bench", "--synthetic", "tiny", "--lengths", "4Q", "--out", str(tmp_path)]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def _files(root) -> dict:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _committed_results(root) -> dict:
+    """A checkout's committed results, docs/benchmarks/latest/results.{json,md,png}; returns
+    every file under docs/ with its bytes."""
+    latest = root / "docs" / "benchmarks" / "latest"
+    latest.mkdir(parents=True)
+    for name in ("results.json", "results.md", "results.png"):
+        (latest / name).write_text(f"committed {name}")
+    return _files(root / "docs")
+
+
+def test_bench_in_a_checkout_writes_a_new_directory_and_leaves_committed_results_alone(tiny_mlx_dir, tmp_path,
+                                                                                     monkeypatch):
+    committed = _committed_results(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16", "--decode-steps", "2"]) == 0
+    (out,) = (tmp_path / "bench-out").iterdir()
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"
+    assert main(["bench", "consistency", "--reference", "cpu", "-m", str(tiny_mlx_dir), "--device", "cpu",
+                 "--positions", "192"]) == 0
+    assert len(list((tmp_path / "bench-out").glob("*/consistency-cpu-vs-cpu.json"))) == 1
+    assert _files(tmp_path / "docs") == committed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-out", "docs"]
+
+
+def test_an_out_that_holds_files_is_written_only_when_asked(tmp_path, capsys):
+    committed = _committed_results(tmp_path)
+    latest = tmp_path / "docs" / "benchmarks" / "latest"
+    args = ["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16", "--decode-steps", "2", "--out",
+            str(latest)]
+    assert main(args) == 2
+    assert "--resume or --force" in capsys.readouterr().err
+    assert _files(tmp_path / "docs") == committed
+    assert main(["bench", "--synthetic", "tiny", "--resume"]) == 2  # which sweep to resume?
+    assert "--resume needs --out" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0  # on purpose: the committed results are replaced
+    assert json.loads((latest / "results.json").read_text())["status"] == "complete"
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the sweep measured something before refusing")
+
+
+@pytest.mark.skipif("cuda" in _lily.available_devices(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_is_refused_before_anything_is_measured_or_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "measure_ceilings", _never)
+    monkeypatch.setattr(sweep, "run_arm", _never)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--synthetic", "35b", "--device", "cuda"]) == 2
+    assert "engine 'lily' cannot run on cuda here" in capsys.readouterr().err
+    assert main(["bench", "--synthetic", "tiny", "--device", "cuda", "--out", "named"]) == 2
+    assert list(tmp_path.iterdir()) == []  # no bench-out/, no named/, no config, no logs
+
+
+def test_consistency_refuses_before_loading_anything(tiny_mlx_dir, tmp_path, monkeypatch, capsys):
+    from lily.model import Model
+
+    monkeypatch.setattr(Model, "load", _never)
+    base = ["bench", "consistency", "-m", str(tiny_mlx_dir), "--device", "cpu", "--out", str(tmp_path)]
+    assert main([*base, "--reference", "cpu", "--text", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    (tmp_path / "consistency-cpu-vs-cpu.json").write_text("an earlier record")
+    assert main([*base, "--reference", "cpu"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (tmp_path / "consistency-cpu-vs-cpu.json").read_text() == "an earlier record"
+
+
+@pytest.mark.skipif(not has("matplotlib"), reason="needs matplotlib")
+def test_plot_values_can_be_read_off_both_panels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # The H200 sweep's values: prefill 11K-33K (roofline 50K-155K), decode 445-660 (roofline 870-2,300).
+    measured = {256: (11061, 660.0, 155e3, 2300.0), 4096: (32998, 650.8, 147e3, 2250.0),
+                131072: (20493, 444.8, 50e3, 870.0)}
+    results = {"contract": {"phase": "both", "lengths": sorted(measured), "engines": ["lily"]},
+               "target": {"label": "synthetic 35b"}, "gpu": None, "device": "cuda",
+               "summary": [{"engine": "lily", "length": n, "prefill_tok_s": p, "decode_tok_s": d,
+                            "prefill_roofline_tok_s": pr, "decode_roofline_tok_s": dr}
+                           for n, (p, d, pr, dr) in measured.items()]}
+    fig = plot.figure(results, plt)
+    try:
+        for ax in fig.axes:
+            lo, hi = ax.get_ylim()
+            labels = [ax.yaxis.get_major_formatter()(t) for t in ax.get_yticks() if lo <= t <= hi]
+            assert len(labels) >= plot.MIN_TICKS and all(labels), (ax.get_title(), labels)
+        annotations = {t.get_text() for ax in fig.axes for t in ax.texts}
+        assert {"11,061", "32,998", "651", "445"} <= annotations
+    finally:
+        plt.close(fig)
 
 
 # ---- roofline --------------------------------------------------------------------------

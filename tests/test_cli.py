@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +81,34 @@ def test_synthetic_writes_a_loadable_checkpoint(tmp_path):
     r = run_lily("synthetic", out, "--seed", "3")
     assert r.returncode == 0, r.stderr
     assert lily.Model.load(str(out), device="cpu").logits([1, 2]).shape[0] == 2
+
+
+def test_synthetic_refuses_to_replace_a_checkpoint_unless_forced(tmp_path):
+    out = tmp_path / "syn"
+    assert run_lily("synthetic", out, "--seed", "3").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run_lily("synthetic", out, "--seed", "4")
+    assert r.returncode == 2 and r.stderr.startswith(f"lily: error: {out}:") and "--force" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    r = run_lily("synthetic", out, "--seed", "4", "--force")
+    assert r.returncode == 0, r.stderr
+    replaced = lily.Model.load(str(out), device="cpu").logits([1, 2])
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"] and replaced.shape[0] == 2
+
+
+def test_train_tiny_refuses_a_busy_output_directory_before_training(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "train_tiny.py"
+    r = subprocess.run([sys.executable, str(tool), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must not exist or be empty" in r.stderr, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_version_comes_from_the_package():
+    r = run_lily("--version")
+    assert r.returncode == 0 and r.stdout == f"lily {lily.__version__}\n"
+    # The distribution is lily-infer ("lily" on PyPI is another project); same version.
+    assert importlib.metadata.version("lily-infer") == lily.__version__
 
 
 @pytest.mark.parametrize("args, words", [

@@ -315,3 +315,28 @@ def test_bad_arguments(tmp_path):
         synthetic.write_checkpoint(tmp_path, layout="mlx", per_expert=True)
     with pytest.raises(ValueError, match="vocab_size"):
         synthetic.write_checkpoint(tmp_path, synthetic.tiny_config(vocab_size=256))
+
+
+def test_a_checkpoint_is_replaced_only_when_asked(tmp_path):
+    from lily import LilyError
+
+    synthetic.write_checkpoint(tmp_path, layout="mlx", tokenizer=False, shard_bytes=200_000)
+    sharded = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(LilyError, match="overwrite=True"):
+        synthetic.write_checkpoint(tmp_path, layout="mlx", tokenizer=False, seed=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sharded
+    synthetic.write_checkpoint(tmp_path, layout="mlx", tokenizer=False, seed=1, overwrite=True)
+    # No shard or index of the old checkpoint is left to be loaded with the new one.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    import shutil
+
+    from lily import LilyError, output
+
+    full = shutil.disk_usage(tmp_path)._replace(free=1000)
+    monkeypatch.setattr(output.shutil, "disk_usage", lambda path: full)
+    with pytest.raises(LilyError, match=r"out: needs [\d,]+ bytes and only 1,000 bytes are free"):
+        synthetic.write_checkpoint(tmp_path / "out", layout="mlx")
+    assert not (tmp_path / "out").exists()

@@ -109,6 +109,13 @@ def main() -> None:
                     help="stop after this many steps of the --steps schedule (reproduces a run that stopped early)")
     ap.add_argument("--max-minutes", type=float, default=14.0, help="stop early past this wall time")
     args = ap.parse_args()
+    from lily import LilyError
+    from lily.output import check_empty_dir
+
+    try:  # before the training, not after it
+        check_empty_dir(args.out_dir)
+    except LilyError as e:
+        ap.error(str(e))
 
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig

@@ -6,7 +6,7 @@
 """
 
 from ._lily import LilyError
+from ._version import __version__
 from .model import GenerationResult, Model, Piece, Session
 
-__version__ = "0.1.0"
 __all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "__version__"]

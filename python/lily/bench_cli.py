@@ -3,17 +3,31 @@ registered by lily.cli through add_parser."""
 
 from __future__ import annotations
 
+import datetime
 import sys
 from pathlib import Path
 
+DEFAULT_OUT_ROOT = Path("bench-out")
+
 
 def default_out() -> Path:
-    """docs/benchmarks/latest inside a lily checkout, else ./bench-out."""
-    docs = Path("docs/benchmarks")
-    return docs / "latest" if docs.is_dir() else Path("bench-out")
+    """A directory no run has used yet: ./bench-out/YYYYmmdd-HHMMSS (with -2, -3... when
+    one run follows another within the second). Committed results are written only by
+    naming their directory in --out."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = DEFAULT_OUT_ROOT / stamp, 1
+    while out.exists():
+        n += 1
+        out = DEFAULT_OUT_ROOT / f"{stamp}-{n}"
+    return out
+
+
+def _out(args) -> Path:
+    return Path(args.out) if args.out else default_out()
 
 
 def cmd_bench(args) -> int:
+    from ._lily import LilyError
     from .bench import contract, sweep
     from .bench.runners import PEERS
 
@@ -21,6 +35,9 @@ def cmd_bench(args) -> int:
         return cmd_consistency(args)
     if bool(args.synthetic) == bool(args.model):
         print("lily bench: error: pass either --synthetic 35b|tiny or -m PATH", file=sys.stderr)
+        return 2
+    if args.resume and not args.out:
+        print("lily bench: error: --resume needs --out, the directory of the sweep to continue", file=sys.stderr)
         return 2
     peers = [p for group in args.compare or [] for p in group.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
@@ -37,25 +54,26 @@ def cmd_bench(args) -> int:
         else:
             lengths = list(contract.DEFAULT_LENGTHS)
         plan = sweep.Plan(
-            synthetic=args.synthetic, model=args.model, out=Path(args.out) if args.out else default_out(),
-            device=args.device, peers=peers, lengths=lengths, phase=args.phase, decode_steps=args.decode_steps,
-            rounds=args.rounds, seed=args.seed, prefill_chunk=args.prefill_chunk, arm_timeout=args.arm_timeout, resume=args.resume)
+            synthetic=args.synthetic, model=args.model, out=_out(args), device=args.device, peers=peers,
+            lengths=lengths, phase=args.phase, decode_steps=args.decode_steps, rounds=args.rounds, seed=args.seed,
+            prefill_chunk=args.prefill_chunk, arm_timeout=args.arm_timeout, resume=args.resume, force=args.force)
         return sweep.run(plan)
-    except (ValueError, sweep.SweepError) as e:
+    except (ValueError, LilyError, sweep.SweepError) as e:
         print(f"lily bench: error: {e}", file=sys.stderr)
         return 2
 
 
 def cmd_consistency(args) -> int:
+    from ._lily import LilyError
     from .bench import consistency
 
     if not args.model:
         print("lily bench consistency: error: pass -m PATH", file=sys.stderr)
         return 2
     try:
-        return consistency.run(args.model, args.reference, args.device, args.positions, args.text,
-                               Path(args.out) if args.out else default_out())
-    except (ValueError, ImportError) as e:
+        return consistency.run(args.model, args.reference, args.device, args.positions, args.text, _out(args),
+                               force=args.force)
+    except (ValueError, ImportError, OSError, LilyError) as e:
         print(f"lily bench consistency: error: {e}", file=sys.stderr)
         return 2
 
@@ -83,10 +101,12 @@ def add_parser(sub) -> None:
                    help=f"also run a peer engine under the same contract ({', '.join(PEERS)}); repeatable")
     b.add_argument("--rounds", type=int, default=1,
                    help="repeat the whole sweep; refuses when rounds differ by 3%% or more (default: 1)")
-    b.add_argument("--out", help="output directory (default: docs/benchmarks/latest in a lily checkout, "
-                                 "else ./bench-out)")
+    b.add_argument("--out", help="output directory, new or empty (default: a new one under ./bench-out)")
+    b.add_argument("--force", action="store_true",
+                   help="write into --out although it holds files, replacing the results there")
     b.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    b.add_argument("--prefill-chunk", type=int, default=0, help="lily's prefill chunk in tokens (default 0: the device's own, CPU 512, CUDA 4096)")
+    b.add_argument("--prefill-chunk", type=int, default=0,
+                   help="lily's prefill chunk in tokens (default 0: the device's own, CPU 512, CUDA 4096)")
     b.add_argument("--arm-timeout", type=float, default=3600, help="seconds one arm may take (default: 3600)")
     b.add_argument("--resume", action="store_true",
                    help="keep the measured arms of an interrupted sweep in --out and run only the others")
@@ -103,5 +123,6 @@ def add_parser(sub) -> None:
     c.add_argument("--device", default="auto", help="device of the lily engine under test (default: auto)")
     c.add_argument("--positions", type=int, default=256, help="positions compared (>= 192; default: 256)")
     c.add_argument("--text", help="text file to use as the sequence (default: a built-in passage)")
-    c.add_argument("--out", help="output directory (default as for lily bench)")
+    c.add_argument("--out", help="output directory (default: a new one under ./bench-out)")
+    c.add_argument("--force", action="store_true", help="replace a consistency record already in --out")
     c.set_defaults(func=cmd_bench)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._version import __version__
+
 DEFAULT_MODEL = "lily-tiny"
 
 
@@ -74,9 +76,13 @@ def cmd_convert(args) -> int:
 
 def cmd_synthetic(args) -> int:
     from . import synthetic
+    from .output import check_empty_dir
 
+    if not args.force:
+        check_empty_dir(args.out_dir, allow="--force")
     config = synthetic.config_35b() if args.size == "35b" else synthetic.tiny_config()
-    out = synthetic.write_checkpoint(args.out_dir, config=config, layout=args.layout, seed=args.seed)
+    out = synthetic.write_checkpoint(args.out_dir, config=config, layout=args.layout, seed=args.seed,
+                                     overwrite=args.force)
     print(f"wrote {out}")
     return 0
 
@@ -85,7 +91,7 @@ def cmd_info(args) -> int:
     from . import _lily, hub
     from .model import Model
 
-    print(f"lily {__import__('lily').__version__}; devices: {', '.join(_lily.available_devices())}; "
+    print(f"lily {__version__}; devices: {', '.join(_lily.available_devices())}; "
           f"CPU threads: {_lily.num_threads()}")
     print("built-in models:")
     for name, what in hub.builtin_models().items():
@@ -102,6 +108,7 @@ def cmd_info(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lily", description="Fast local inference for Qwen3.5/3.6 MoE models")
+    parser.add_argument("--version", action="version", version=f"lily {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt, streamed")
@@ -124,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--size", choices=["tiny", "35b"], default="tiny")
     s.add_argument("--layout", choices=["mlx", "hf"], default="mlx")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true",
+                   help="replace a checkpoint already in OUT_DIR (default: refuse a directory that holds files)")
     s.set_defaults(func=cmd_synthetic)
 
     i = sub.add_parser("info", help="devices, built-in models, and a model's configuration")

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from lily import _lily
+from lily.output import check_empty_dir
 
 # Tokenizer and generation files carried over unchanged.
 _COPIED_FILES = (
@@ -69,11 +70,10 @@ def convert(hf_dir, out_dir, shard_bytes: int = 5 << 30) -> Path:
     model.safetensors.index.json when there is more than one. Tokenizer files are copied.
     Returns the output path.
     """
-    src, dst = Path(hf_dir), Path(out_dir)
+    src = Path(hf_dir)
     if not (src / "config.json").is_file():
         raise _lily.LilyError(f"{src}: no config.json here; expected a Hugging Face checkpoint directory")
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise _lily.LilyError(f"{dst}: the output directory must not exist or be empty")
+    dst = check_empty_dir(out_dir)
     if shard_bytes <= 0:
         raise _lily.LilyError(f"shard_bytes must be positive, got {shard_bytes}")
     config = _read_json(src / "config.json")

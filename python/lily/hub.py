@@ -48,8 +48,8 @@ def _synthetic_tiny() -> Path:
     from . import synthetic
 
     out = cache_dir() / "synthetic-tiny"
-    if not (out / "config.json").exists():
-        synthetic.write_checkpoint(out, layout="mlx", seed=0)
+    if not (out / "config.json").exists():  # config.json comes last: without it, a write was cut short
+        synthetic.write_checkpoint(out, layout="mlx", seed=0, overwrite=True)
     return out
 
 

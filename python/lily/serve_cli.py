@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
         from .server import ServerConfig, create_app
     except ModuleNotFoundError as e:
-        print(f"lily serve needs the serve extra ({e.name} is missing): pip install 'lily[serve]'", file=sys.stderr)
+        print(f"lily serve needs the serve extra ({e.name} is missing): pip install 'lily-infer[serve]', "
+              "or pip install '.[serve]' in a checkout", file=sys.stderr)
         return 2
     from .model import Model
 

@@ -27,6 +27,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .output import check_empty_dir, check_free_space
+
 _TEMPLATES = Path(__file__).parent / "templates"
 _GROUP_SIZE, _BITS, _GATE_BITS = 64, 4, 8
 _ROW_BLOCK_ELEMENTS = 1 << 22  # float elements generated at a time for 2-D tensors
@@ -70,10 +72,16 @@ def _token_ids() -> dict[str, int]:
     return ids
 
 
-def _write_tokenizer(out: Path) -> dict:
-    """Writes the tokenizer files; returns the generation config."""
+def _generation_config() -> dict:
     ids = _token_ids()
     eos, pad = ids["<|im_end|>"], ids["<|endoftext|>"]
+    return {"bos_token_id": pad, "eos_token_id": [eos, pad], "pad_token_id": pad, "do_sample": True,
+            "temperature": 1.0, "top_p": 0.95, "top_k": 20}
+
+
+def _write_tokenizer(out: Path, generation_config: dict) -> None:
+    """Writes the tokenizer files and the generation config."""
+    ids = _token_ids()
     (out / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
     added = {
         str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
@@ -95,11 +103,8 @@ def _write_tokenizer(out: Path) -> dict:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
-    generation_config = {"bos_token_id": pad, "eos_token_id": [eos, pad], "pad_token_id": pad, "do_sample": True,
-                         "temperature": 1.0, "top_p": 0.95, "top_k": 20}
     _write_json(out / "tokenizer_config.json", tokenizer_config)
     _write_json(out / "generation_config.json", generation_config)
-    return generation_config
 
 
 # ---- configs --------------------------------------------------------------------------------
@@ -498,6 +503,7 @@ def write_checkpoint(
     per_expert: bool = False,
     extra_tensors: bool = False,
     random_codes: bool | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Writes a random-weight checkpoint to out_dir and returns its path.
 
@@ -510,7 +516,9 @@ def write_checkpoint(
     ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of fused 3-D tensors.
     extra_tensors: add a few MTP and vision tensors that text-only loaders must skip.
     random_codes ("mlx" only): random codes instead of quantized random floats; by default
-    only for models above 2^30 parameters.
+    only for models above 2^30 parameters. out_dir must not exist or be empty, unless
+    overwrite: then the weight files of a checkpoint already there are deleted first (a
+    stale shard or index would otherwise be loaded with the new files).
     """
     if layout not in ("mlx", "hf"):
         raise ValueError(f"layout must be 'mlx' or 'hf', got {layout!r}")
@@ -520,8 +528,7 @@ def write_checkpoint(
         raise ValueError("random_codes applies to layout='mlx' only")
     config = config or tiny_config()
     text = copy.deepcopy(config.get("text_config", config))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir) if overwrite else check_empty_dir(out_dir, allow="overwrite=True")
 
     top = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
            "tie_word_embeddings": text.get("tie_word_embeddings", False), "eos_token_id": text.get("eos_token_id")}
@@ -533,7 +540,7 @@ def write_checkpoint(
                 f"config vocab_size {text['vocab_size']} is smaller than the synthetic tokenizer ({ids['size']})")
         text["bos_token_id"] = text["eos_token_id"] = ids["<|endoftext|>"]
         top.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-        generation_config = _write_tokenizer(out)
+        generation_config = _generation_config()
     top["text_config"] = text
 
     if layout == "hf":
@@ -550,6 +557,15 @@ def write_checkpoint(
     if extra_tensors:
         tensors += _extra_tensors(text, seed, layout)
     tensors.sort(key=lambda t: t.name)
+
+    # Tensors are generated while written: everything above is checked before a byte is.
+    stale = [*out.glob("*.safetensors"), out / "model.safetensors.index.json"] if out.is_dir() else []
+    check_free_space(out, sum(t.nbytes for t in tensors), freed=sum(p.stat().st_size for p in stale if p.exists()))
+    out.mkdir(parents=True, exist_ok=True)
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if tokenizer:
+        _write_tokenizer(out, generation_config)
     _write_shards(out, tensors, shard_bytes or 5 << 30, metadata)
     _write_json(out / "config.json", config_json)
     return out

@@ -1,7 +1,7 @@
 """One arm of a sweep: one engine at one length, in a fresh process.
 
     python -m lily.bench.arm --engine lily --config CONFIG.json --length 4096 --new-tokens 65 --device cuda
-    python -m lily.bench.arm --engine hf --check
+    python -m lily.bench.arm --engine hf --check --device cuda
 
 Loads the engine, runs the prompt once as a warm-up at the exact shape, then once
 measured, and prints one line `@lily-bench {json}` on stdout. Exit status 0:
@@ -55,7 +55,8 @@ def measure(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lily.bench.arm", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", required=True)
-    p.add_argument("--check", action="store_true", help="only report whether the engine can run here, and versions")
+    p.add_argument("--check", action="store_true",
+                   help="only report whether the engine can run on --device here, and versions")
     p.add_argument("--config", help="config.json for random weights")
     p.add_argument("--model", help="checkpoint directory")
     p.add_argument("--label", default="")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.check:
-            record = {"engine": args.engine, "versions": runner_class(args.engine).check()}
+            record = {"engine": args.engine, "versions": runner_class(args.engine).check(args.device)}
         else:
             if not (args.config or args.model):
                 p.error("pass --config or --model")

@@ -5,13 +5,14 @@ and the perplexity of the sequence under each engine, over 192 positions or more
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..consistency import benchmark_tokens, compare
-from .references import reference_logits
+from .references import check_reference, reference_logits
 
 MIN_POSITIONS = 192
 
@@ -56,15 +57,33 @@ def expert_load_summary(load) -> dict | None:
             "idle_experts": int((load == 0).sum()), "rows_per_layer": int(load[0].sum())}
 
 
-def run(model_path: str, reference: str, device: str, positions: int, text_file: str | None, out: Path) -> int:
+def _check_writable(out: Path) -> None:
+    """Raises unless the directory `out` exists and is writable, or could be made."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"--out {out}: {existing} is not a writable directory")
+
+
+def run(model_path: str, reference: str, device: str, positions: int, text_file: str | None, out: Path,
+        *, force: bool = False) -> int:
     from .. import hub
     from ..model import Model
+    from .lily_runner import check_device
+    from .sweep import resolve_device
 
+    # Everything that can refuse the run comes before the two engines' passes.
     if positions < MIN_POSITIONS:
         raise ValueError(f"--positions must be at least {MIN_POSITIONS} (BENCHMARK.md), got {positions}")
     directory = hub.resolve(model_path)
-    model = Model.load(str(directory), device=device)
+    check_reference(reference, directory)
+    device = resolve_device(device)
+    check_device(device)
     text = Path(text_file).read_text(encoding="utf-8") if text_file else None
+    path = out / f"consistency-{reference}-vs-{device}.json"
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists; pass --force to replace it, or another --out")
+    _check_writable(out)
+    model = Model.load(str(directory), device=device)
     ids = reference_sequence(model, positions, text)
     print(f"lily bench consistency: {positions} positions, lily on {model.device} against {reference}",
           file=sys.stderr)
@@ -81,7 +100,6 @@ def run(model_path: str, reference: str, device: str, positions: int, text_file:
               "top1_agreement": result.top1, "perplexity_reference": result.ppl_ref,
               "perplexity_lily": result.ppl_test, "perplexity_ratio": result.ppl_ratio, "expert_load": load}
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"consistency-{reference}-vs-{tested_on}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"lily ({tested_on}) vs {reference}: {result}")
     if load:

@@ -61,7 +61,7 @@ class HfRunner:
         return Timing(streamer.times[0] - start, streamer.times[-1] - streamer.times[0], streamer.token_ids)
 
     @staticmethod
-    def check() -> dict:
+    def check(device: str) -> dict:
         import importlib.metadata as md
 
         import torch
@@ -69,6 +69,10 @@ class HfRunner:
 
         if not hasattr(transformers, "Qwen3_5MoeForCausalLM"):
             raise ImportError(f"transformers {transformers.__version__} has no Qwen3_5MoeForCausalLM (needs >= 5.2)")
+        where = torch.device(device)
+        if where.type == "cuda" and (where.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(f"device '{device}': torch {torch.__version__} sees "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
 
         versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                     "cuda_available": torch.cuda.is_available()}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from pathlib import Path
 
 from .runners import RunOptions, Timing
 from .target import Target
@@ -44,7 +47,19 @@ class LilyRunner:
         return Timing(r.prefill_seconds, r.decode_seconds, r.token_ids)
 
     @staticmethod
-    def check() -> dict:
+    def check(device: str) -> dict:
         from .. import _lily, __version__
 
+        check_device(device)
         return {"lily": __version__, "lily_devices": list(_lily.available_devices())}
+
+
+def check_device(device: str) -> None:
+    """Raises the engine's own error (no CUDA device, an unknown name) unless lily runs on
+    `device`: a tiny random model is made there, in milliseconds, before any long load."""
+    from .. import _lily, synthetic
+
+    with tempfile.TemporaryDirectory() as d:
+        config = Path(d) / "config.json"
+        config.write_text(json.dumps(synthetic.tiny_config()))
+        _lily.Engine.random(str(config), device, 0, 0)

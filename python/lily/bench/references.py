@@ -12,12 +12,14 @@ mlx and hf read an MLX-layout checkpoint (what `lily convert` writes).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 
 REFERENCES = ("mlx", "hf", "cpu")
+_MODULES = {"mlx": ("mlx", "mlx_lm"), "hf": ("torch", "transformers"), "cpu": ()}  # what each one imports
 # Norms MLX stores with the +1 of the zero-centred RMSNorm applied (linear_attn.norm is plain).
 _SHIFTED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
 
@@ -163,8 +165,19 @@ def cpu_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
     return Model.load(str(directory), device="cpu").logits(token_ids)
 
 
-def reference_logits(reference: str, directory: Path, token_ids: np.ndarray) -> np.ndarray:
-    engines = {"mlx": mlx_logits, "hf": hf_logits, "cpu": cpu_logits}
-    if reference not in engines:
+def check_reference(reference: str, directory: Path) -> None:
+    """Raises unless `reference` can run on the checkpoint here; called before lily's own
+    pass, so that a missing package or layout is reported before the long part."""
+    if reference not in REFERENCES:
         raise ValueError(f"--reference must be one of {', '.join(REFERENCES)}, got '{reference}'")
+    missing = [m for m in _MODULES[reference] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"--reference {reference} needs {' and '.join(missing)}, which are not installed")
+    if reference != "cpu":
+        _mlx_config(Path(directory))
+
+
+def reference_logits(reference: str, directory: Path, token_ids: np.ndarray) -> np.ndarray:
+    check_reference(reference, directory)
+    engines = {"mlx": mlx_logits, "hf": hf_logits, "cpu": cpu_logits}
     return engines[reference](directory, token_ids)

@@ -3,7 +3,7 @@
     runner = Runner(target, device, options)   # loads the model
     runner.vocab_size, runner.info()           # what the prompt needs; what to record
     runner.run(prompt_ids, new_tokens)         # -> Timing, greedy, EOS ignored
-    Runner.check()                             # -> versions; raises if it cannot run here
+    Runner.check(device)                       # -> versions; raises if it cannot run on device
 
 Peers are added by writing a module with a Runner and listing it in RUNNERS.
 """

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..output import check_empty_dir
 from . import contract, plot, report, system
 from .arm import EXIT_REFUSED
 from .contract import MARKER
@@ -42,6 +43,7 @@ class Plan:
     prefill_chunk: int = 0
     arm_timeout: float = 3600.0
     resume: bool = False  # keep the measured arms of an interrupted sweep in `out`; run the rest
+    force: bool = False  # write into `out` although it holds files (results there are replaced)
 
     @property
     def engines(self) -> list[str]:
@@ -94,11 +96,13 @@ def resolve_device(device: str) -> str:
     return "cuda" if "cuda" in _lily.available_devices() else "cpu"
 
 
-def preflight(engine: str) -> dict:
-    status, record, err = _subprocess_json(["lily.bench.arm", "--engine", engine, "--check"], timeout=300)
+def preflight(engine: str, device: str) -> dict:
+    """The engine's versions, once it has shown in a fresh process that it runs on `device`."""
+    status, record, err = _subprocess_json(["lily.bench.arm", "--engine", engine, "--check", "--device", device],
+                                           timeout=300)
     if status != 0 or not record or "versions" not in record:
         reason = record.get("error") if record else (err.strip().splitlines() or ["no output"])[-1]
-        raise SweepError(f"engine '{engine}' cannot run here: {reason}")
+        raise SweepError(f"engine '{engine}' cannot run on {device} here: {reason}")
     return record["versions"]
 
 
@@ -221,19 +225,30 @@ def previous_arms(plan: Plan, results: dict) -> list[dict]:
     return [a for a in old["arms"] if "error" not in a and "refused" not in a]
 
 
+def check_out(plan: Plan) -> None:
+    """`out` must be new or empty, unless the sweep there is to be resumed or replaced."""
+    if plan.out.exists() and not plan.out.is_dir():
+        raise SweepError(f"--out {plan.out}: exists and is not a directory")
+    if not (plan.resume or plan.force):
+        check_empty_dir(plan.out, allow="--resume or --force")
+
+
 def run(plan: Plan) -> int:
     if plan.phase not in PHASES:
         raise SweepError(f"--phase must be one of {', '.join(PHASES)}")
     if plan.rounds < 1 or plan.decode_steps < 1:
         raise SweepError("--rounds and --decode-steps must be at least 1")
-    plan.out.mkdir(parents=True, exist_ok=True)
-    (plan.out / "logs").mkdir(exist_ok=True)
+    # Everything that can refuse the sweep runs before anything is measured or written.
+    check_out(plan)
     device = resolve_device(plan.device)
     target = prepare(plan.synthetic, plan.model, plan.out)
     dims = Dims.from_config(target.config())
+    versions = {engine: preflight(engine, device) for engine in plan.engines}
+    plan.out.mkdir(parents=True, exist_ok=True)
+    (plan.out / "logs").mkdir(exist_ok=True)
+    target.save()
     print(f"lily bench: {target.label} on {device}; engines {', '.join(plan.engines)}; "
           f"lengths {', '.join(map(contract.length_label, plan.lengths))}; output {plan.out}", file=sys.stderr)
-    versions = {engine: preflight(engine) for engine in plan.engines}
     ceilings = measure_ceilings(device)
     print(f"ceilings: {report.rate(ceilings.bandwidth, 'B/s')} copy, {report.rate(ceilings.matmul, 'FLOP/s')} "
           f"matmul ({ceilings.source})", file=sys.stderr)

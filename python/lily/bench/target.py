@@ -13,16 +13,24 @@ RANDOM_WEIGHTS_NOTE = ("synthetic weights (random 4-bit codes): routing with a r
 
 @dataclass(frozen=True)
 class Target:
-    config_path: Path  # config.json (for random weights: the text_config the sweep wrote)
+    config_path: Path  # config.json (for random weights: where save() writes the text_config)
     checkpoint: Path | None  # None: random weights generated in memory from the config
     label: str
+    synthetic_config: dict | None = None  # random weights: the config, until save() writes it
 
     @property
     def random_weights(self) -> bool:
         return self.checkpoint is None
 
     def config(self) -> dict:
+        if self.synthetic_config is not None:
+            return json.loads(json.dumps(self.synthetic_config))  # a copy
         return json.loads(self.config_path.read_text())
+
+    def save(self) -> None:
+        """Writes a synthetic config where the arms read it (nothing for a checkpoint)."""
+        if self.synthetic_config is not None:
+            self.config_path.write_text(json.dumps(self.synthetic_config, indent=1) + "\n")
 
     def text_config(self) -> dict:
         """The text model's fields, with the top-level ones a text_config may leave out."""
@@ -50,16 +58,15 @@ class Target:
 
 
 def prepare(synthetic_size: str | None, model: str | None, work_dir: Path) -> Target:
-    """The target of a sweep; a synthetic config is written into work_dir for the arms."""
+    """The target of a sweep, checked and resolved without writing anything; a synthetic
+    config goes into work_dir when Target.save() is called."""
     if synthetic_size:
         from .. import synthetic
 
         if synthetic_size not in SYNTHETIC_SIZES:
             raise ValueError(f"--synthetic must be one of {', '.join(SYNTHETIC_SIZES)}, got '{synthetic_size}'")
         config = synthetic.config_35b() if synthetic_size == "35b" else synthetic.tiny_config()
-        path = work_dir / f"config-{synthetic_size}.json"
-        path.write_text(json.dumps(config, indent=1) + "\n")
-        return Target(path, None, f"synthetic {synthetic_size}")
+        return Target(work_dir / f"config-{synthetic_size}.json", None, f"synthetic {synthetic_size}", config)
     from .. import hub
 
     directory = hub.resolve(model)
