@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_sampling_cut_to_one_candidate_equals_greedy(tiny_model, greedy40, cut):
 
 def test_presence_penalty_prevents_repeats(tiny_model, greedy40):
     assert len(set(greedy40.token_ids)) < len(greedy40.token_ids)  # greedy does repeat itself
-    r = tiny_model.generate(PROMPT, max_tokens=40, presence_penalty=1e4, ignore_eos=True)
+    r = tiny_model.generate(PROMPT, max_tokens=40, presence_penalty=2.0, ignore_eos=True)  # the most allowed
     assert len(set(r.token_ids)) == len(r.token_ids)
 
 
@@ -381,19 +382,33 @@ def test_prompt_and_messages_together_are_refused(tiny_model):
 
 
 BAD_PARAMETERS = [
-    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=-0.1), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(min_p=-0.1), "min_p"),
     (dict(min_p=2.0), "min_p"),
-    (dict(top_k=-1), "top_k"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_k=2.0), "top_k"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=1e39), "temperature"),  # beyond the engine's 32-bit float
+    (dict(temperature="0.5"), "temperature"),
     (dict(presence_penalty=float("nan")), "presence_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=float("inf")), "frequency_penalty"),
     (dict(seed=-1), "seed"),
+    (dict(seed=2**64), "seed"),
+    (dict(seed=1.0), "seed"),
     (dict(max_tokens=-1), "max_tokens"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=1.5), "max_tokens"),
+    (dict(max_tokens="5"), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"),
+    (dict(max_tokens=2**70), "max_tokens"),  # was a nanobind TypeError
     (dict(stop=[""]), "stop"),
+    (dict(stop=["x"] * 17), "stop"),
+    (dict(stop_token_ids=["a"]), "stop_token_ids"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"),
 ]
 
 
@@ -403,12 +418,34 @@ def test_bad_sampling_parameters_are_named(tiny_model, kwargs, name):
         tiny_model.generate(PROMPT, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(top_p=0.0), dict(max_tokens=-1)], ids=["top_p", "max_tokens"])
+@pytest.mark.parametrize("kwargs", [dict(top_p=1.5), dict(max_tokens=-1)], ids=["top_p", "max_tokens"])
 def test_bad_parameters_are_refused_before_the_prompt_is_fed(tiny_model, kwargs):
     s = tiny_model.prefill(ids_of(tiny_model, 8))
     with pytest.raises(lily.LilyError):
         s.generate(ids_of(tiny_model, 4, offset=50), **kwargs)
     assert s.position == 8 and s.tokens == ids_of(tiny_model, 8)
+
+
+def test_parameters_follow_the_servers_conventions(tiny_model, greedy40):
+    """top_p 0 keeps only the most likely token and top_k -1 is off, as the server (and vLLM) say."""
+    sampled = dict(max_tokens=40, temperature=0.9, seed=7, ignore_eos=True)
+    assert tiny_model.generate(PROMPT, top_p=0, **sampled).token_ids == greedy40.token_ids
+    assert tiny_model.generate(PROMPT, top_k=-1, **sampled).token_ids == tiny_model.generate(PROMPT, **sampled).token_ids
+
+
+@pytest.mark.parametrize("where, call", [
+    ("prompt", lambda m: m.generate("ok \ud800", max_tokens=2)),
+    ("prompt", lambda m: m.generate("ok \ud800", max_tokens=2, stream=True)),
+    ("messages[0].content", lambda m: m.generate(messages=[{"role": "user", "content": "\udfff"}], max_tokens=2)),
+    ("messages[0].content", lambda m: m.generate(messages=[{"role": "system", "content": "a\ud800b"},
+                                                            {"role": "user", "content": "Hi"}], max_tokens=2)),
+    ("stop", lambda m: m.generate("ok", stop="\ud800", max_tokens=2)),
+    ("text", lambda m: m.encode("\ud800")),
+], ids=["prompt", "prompt_streamed", "user_message", "system_message", "stop", "encode"])
+def test_lone_surrogates_are_a_lily_error_naming_the_field(tiny_model, where, call):
+    """Text that is not valid Unicode (half a UTF-16 pair, as JSON's \\ud800 decodes) was a bare TypeError."""
+    with pytest.raises(lily.LilyError, match=re.escape(where) + r" holds a lone surrogate \(U\+D[89A-F]"):
+        call(tiny_model)
 
 
 @pytest.mark.parametrize("bad", [[], [-1], [10**6], [[1, 2]]], ids=["empty", "negative", "past_vocab", "2d"])

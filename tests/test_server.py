@@ -115,7 +115,7 @@ def run_reply_stream(reply, pieces, finish="stop"):
         yield Outcome(finish, 10, 0, len(pieces), 0.0, 0.0)
 
     async def collect():
-        return [chunk async for chunk in reply.stream(events())]
+        return [chunk async for chunk in reply.stream(events(), lambda error: None)]
 
     return asyncio.run(collect())
 
@@ -406,9 +406,16 @@ def status_and_param(call):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"temperature": 5}, "temperature"),
+    ({"temperature": -1}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),  # lily.params' rules: the Python API's and the CLI's
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": 2001}, "max_tokens"),  # above the server's --max-tokens-limit
+    ({"max_completion_tokens": 2001}, "max_completion_tokens"),
+    ({"seed": -5}, "seed"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"n": 2}, "n"),
     ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
