@@ -459,6 +459,35 @@ def test_bad_device(tiny_mlx_dir):
         lily.Model.load(str(tiny_mlx_dir), device="tpu")
 
 
+@pytest.mark.parametrize("device, message", [
+    ("cuda:x", "expected 'cuda' or 'cuda:N'"),  # was std::stoi's exception in a CUDA build
+    ("cuda:", "expected 'cuda' or 'cuda:N'"),
+    ("cuda:99", ""),  # a CUDA build said "device 'cuda'"
+])
+def test_device_errors_name_the_device_asked_for(tiny_mlx_dir, device, message):
+    with pytest.raises(lily.LilyError, match=re.escape(f"device '{device}': {message}")):
+        lily.Model.load(str(tiny_mlx_dir), device=device)
+
+
+def test_empty_model_path_is_named(tmp_path, monkeypatch):
+    """It read ./config.json (the working directory) and said that could not be opened."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(lily.LilyError, match="the model path is empty"):
+        lily.Model.load("", device="cpu")
+
+
+def test_a_directory_named_like_a_built_in_model(tiny_mlx_dir, tmp_path, monkeypatch):
+    """The built-in name wins (with a warning saying so); written as a path, the directory loads."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_mlx_dir, tmp_path / "lily-tiny")
+    with pytest.warns(UserWarning, match=r"'lily-tiny' is lily's built-in model; the directory ./lily-tiny is not used"):
+        assert lily.Model.load("lily-tiny", device="cpu").path == lily.hub.lily_tiny_dir()
+    from pathlib import Path
+
+    for written in ("./lily-tiny", Path("lily-tiny")):
+        assert lily.Model.load(written, device="cpu").path.resolve() == (tmp_path / "lily-tiny").resolve()
+
+
 def test_prefill_chunk_and_route_defaults(tiny_mlx_dir):
     """0 (the default) takes the device's own chunk: 512 tokens on the CPU, which always
     feeds whole chunks through each layer."""
