@@ -101,8 +101,9 @@ def test_synthetic_writes_a_loadable_checkpoint(tmp_path):
     (["synthetic", "/proc/x"], ["/proc/x"]),
     (["serve", "--context", "100000"], ["context 100000", "8192"]),  # lily-tiny's; was served at 8192
     (["generate", "-m", "", "hi"], ["empty"]),
+    (["generate", "-m", "{ckpt}", "--device", "cpu", ""], ["the prompt is empty"]),
 ], ids=["generate_missing_model", "info_missing_model", "bad_device", "convert_missing_input", "convert_unwritable",
-        "synthetic_unwritable", "serve_context_beyond_the_model", "empty_model_path"])
+        "synthetic_unwritable", "serve_context_beyond_the_model", "empty_model_path", "empty_prompt"])
 def test_errors_exit_2_with_a_message(tiny_mlx_dir, tmp_path, args, words):
     args = [a.format(ckpt=tiny_mlx_dir, tmp=tmp_path) for a in args]
     r = run_lily(*args, tmp_path=tmp_path)

@@ -278,6 +278,8 @@ class Session:
             raise LilyError("stop strings need a tokenizer; use stop_token_ids")
         extra_stop_ids = [params.TOKEN_ID.check(t, f"stop_token_ids[{i}]") for i, t in enumerate(stop_token_ids or [])]
         ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
+        if not ids and not self.tokens:
+            raise LilyError("the prompt is empty and the session holds no tokens to continue from")
         sampling = _lily.SamplingParams()
         sampling.temperature = v["temperature"]
         sampling.top_p = max(v["top_p"], _SMALLEST_TOP_P)
