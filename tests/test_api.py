@@ -496,9 +496,17 @@ def test_prefill_chunk_and_route_defaults(tiny_mlx_dir):
     assert lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=7)._engine.prefill_chunk == 7
 
 
-def test_bad_prefill_chunk(tiny_mlx_dir):
+@pytest.mark.parametrize("chunk", [-1, 1.5, "8"])
+def test_bad_prefill_chunk(tiny_mlx_dir, chunk):
     with pytest.raises(lily.LilyError, match="prefill_chunk"):
-        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=-1)
+        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=chunk)
+
+
+@pytest.mark.parametrize("max_context", [0, 1.5, 10**9])
+def test_bad_session_context(tiny_model, max_context):
+    """0 was taken as the default, 1.5 was a nanobind TypeError."""
+    with pytest.raises(lily.LilyError, match="max_context"):
+        tiny_model.new_session(max_context)
 
 
 def test_missing_model_directory(tmp_path):

@@ -170,6 +170,8 @@ def test_frequency_penalty_reaches_the_model(tiny_mlx_dir, tiny_model):
     (["serve", "--cache-mb", "-1"], "CACHE_MB"),  # was taken as 0
     (["serve", "--max-queue", "-1"], "MAX_QUEUE"),
     (["serve", "--max-tokens-limit", "0"], "MAX_TOKENS_LIMIT"),
+    (["synthetic", "out", "--seed", "-1"], "WEIGHT_SEED"),  # was numpy's ValueError traceback
+    (["bench", "--synthetic", "tiny", "--prefill-chunk", "-1"], "PREFILL_CHUNK"),  # failed every arm
 ])
 def test_flag_values_follow_the_parameter_table(args, param):
     from lily import params

@@ -120,6 +120,8 @@ def cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import params
+
     parser = argparse.ArgumentParser(prog="lily", description="Fast local inference for Qwen3.5/3.6 MoE models")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -141,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out_dir")
     s.add_argument("--size", choices=["tiny", "35b"], default="tiny")
     s.add_argument("--layout", choices=["mlx", "hf"], default="mlx")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=params.WEIGHT_SEED.parse, default=params.WEIGHT_SEED.default,
+                   help=f"{params.WEIGHT_SEED.help}; {params.WEIGHT_SEED.rule} (default: 0)")
     s.set_defaults(func=cmd_synthetic)
 
     i = sub.add_parser("info", help="devices, built-in models, and a model's configuration")

@@ -81,8 +81,8 @@ class Model:
         prefill_chunk: tokens per prefill chunk (0: the device's default, 512 on CPU and
         4096 on CUDA); memory for activations grows with it, never with the prompt.
         """
-        if not isinstance(device, str):
-            raise LilyError(f"device must be a string ('auto', 'cpu', 'cuda' or 'cuda:N'), got {device!r}")
+        _check_device(device)
+        prefill_chunk = params.PREFILL_CHUNK.check(prefill_chunk)
         directory = hub.resolve(path_or_repo, revision)
         engine = _lily.Engine(str(directory), device, prefill_chunk)
         tokenizer = Tokenizer(directory) if (directory / "tokenizer.json").exists() else None
@@ -92,6 +92,8 @@ class Model:
     def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 0) -> "Model":
         """A model with random 4-bit weights for a config.json (benchmarks at full size
         without a checkpoint file); no tokenizer, so it takes token ids only."""
+        _check_device(device)
+        seed, prefill_chunk = params.WEIGHT_SEED.check(seed), params.PREFILL_CHUNK.check(prefill_chunk)
         engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)
         return cls(engine, Path(config_json).parent, None)
 
@@ -170,7 +172,10 @@ class Model:
     # -- running --------------------------------------------------------------------
 
     def new_session(self, max_context: int | None = None) -> "Session":
-        return Session(self, self._engine.new_session(max_context or self.max_context))
+        """A fresh session with room for max_context tokens (default: the model's context)."""
+        if max_context is None:
+            return Session(self, self._engine.new_session(self.max_context))
+        return Session(self, self._engine.new_session(params.context_within(max_context, self.max_context, "max_context")))
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Teacher-forced logits [T, vocab] (float32) of a token sequence, from a fresh state."""
@@ -388,6 +393,11 @@ class _Run:
     def cancel(self) -> None:
         """Stops generation now; the session keeps every token generated so far."""
         self._stream.cancel()
+
+
+def _check_device(device) -> None:
+    if not isinstance(device, str):
+        raise LilyError(f"device must be a string ('auto', 'cpu', 'cuda' or 'cuda:N'), got {device!r}")
 
 
 def _as_tokens(ids) -> np.ndarray:

@@ -98,6 +98,11 @@ SEED = Param("seed", int, 0, UINT64_MAX, "makes sampling reproducible (default: 
 SAMPLING = (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, PRESENCE_PENALTY,
             FREQUENCY_PENALTY, SEED)
 MAX_STOP_STRINGS = 16
+
+# Loading: Model.load / Model.random, and the flags that reach them.
+PREFILL_CHUNK = Param("prefill_chunk", int, 0, INT32_MAX,
+                      "tokens per prefill chunk (0: the device's own, 512 on CPU, 4096 on CUDA)", 0)
+WEIGHT_SEED = Param("seed", int, 0, UINT64_MAX, "seed of the random weights", 0)
 TOKEN_ID = Param("token id", int, 0, INT32_MAX)
 
 # Serving: `lily serve` and `lily chat` flags, and ServerConfig.
