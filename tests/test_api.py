@@ -480,7 +480,7 @@ def test_a_directory_named_like_a_built_in_model(tiny_mlx_dir, tmp_path, monkeyp
     """The built-in name wins (with a warning saying so); written as a path, the directory loads."""
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_mlx_dir, tmp_path / "lily-tiny")
-    with pytest.warns(UserWarning, match=r"'lily-tiny' is lily's built-in model; the directory ./lily-tiny is not used"):
+    with pytest.warns(lily.LilyWarning, match=r"'lily-tiny' is lily's built-in model; the directory ./lily-tiny is not used"):
         assert lily.Model.load("lily-tiny", device="cpu").path == lily.hub.lily_tiny_dir()
     from pathlib import Path
 

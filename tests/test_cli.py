@@ -194,3 +194,15 @@ def test_standard_input_that_is_not_text(tiny_mlx_dir):
     r = subprocess.run([sys.executable, "-m", "lily", "generate", "-m", str(tiny_mlx_dir), "--device", "cpu", "-"],
                        input=b"\xff\xfe binary", capture_output=True, timeout=120)
     assert r.returncode == 2 and r.stderr.decode().startswith("lily: error: standard input is not UTF-8"), r.stderr
+
+
+def test_warnings_print_as_lily_warnings(tiny_mlx_dir, tmp_path):
+    """A directory named like the built-in model: the built-in runs, and the command says so."""
+    import shutil
+
+    shutil.copytree(tiny_mlx_dir, tmp_path / "lily-tiny")
+    r = subprocess.run([sys.executable, "-m", "lily", "generate", "--device", "cpu", "-n", "2", "def f("],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("lily: warning: 'lily-tiny' is lily's built-in model; the directory ./lily-tiny "
+                               "is not used (write ./lily-tiny to load it)\n"), r.stderr

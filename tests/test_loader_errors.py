@@ -178,7 +178,7 @@ def test_misspelt_optional_config_field_warns(ckpt):
         t["rms_norm_epsilon"] = t.pop("rms_norm_eps", 1e-6)
 
     edit_config(ckpt, misspell)
-    with pytest.warns(UserWarning, match=r"config.json: field '(text_config\.)?rms_norm_epsilon' is not one lily "
+    with pytest.warns(lily.LilyWarning, match=r"config.json: field '(text_config\.)?rms_norm_epsilon' is not one lily "
                                          r"reads; did you mean 'rms_norm_eps'\?"):
         lily.Model.load(str(ckpt), device="cpu")
 
@@ -186,7 +186,7 @@ def test_misspelt_optional_config_field_warns(ckpt):
 def test_a_well_formed_config_gives_no_warning(ckpt, recwarn):
     lily.Model.load(str(ckpt), device="cpu")
     lily.Model.load("lily-tiny", device="cpu")
-    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    assert not [w for w in recwarn if issubclass(w.category, lily.LilyWarning)]
 
 
 def test_wrong_shape_of_a_quantized_weight(ckpt):

@@ -7,6 +7,7 @@
 
 from ._lily import LilyError
 from .model import GenerationResult, Model, Piece, Session
+from .params import LilyWarning
 
 __version__ = "0.1.0"
-__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "__version__"]
+__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "LilyWarning", "__version__"]

@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     from ._lily import LilyError
 
     args = build_parser().parse_args(argv)
-    warnings.formatwarning = lambda message, *_: f"lily: warning: {message}\n"
     try:
-        return args.func(args)
+        with warnings.catch_warnings():  # restores the handler when done (main may run in-process)
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except LilyError as e:
         return _error(e)
     except BrokenPipeError:  # the reader left (`lily generate ... | head`): stop quietly
@@ -186,6 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e)
     except KeyboardInterrupt:
         return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from .params import LilyWarning
+
+    if issubclass(category, LilyWarning):
+        print(f"lily: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _error(message) -> int:

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 from ._lily import LilyError
+from .params import LilyWarning
 
 # Files lily reads from a checkpoint repository (weights, config, tokenizer, template).
 _PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -42,7 +43,7 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Pat
     if isinstance(name_or_path, str) and name in builtin_models():
         if path.is_dir():
             warnings.warn(f"'{name}' is lily's built-in model; the directory ./{name} is not used "
-                          f"(write ./{name} to load it)", stacklevel=3)
+                          f"(write ./{name} to load it)", LilyWarning, stacklevel=3)
         return lily_tiny_dir() if name == "lily-tiny" else _synthetic_tiny()
     if path.is_dir():
         return path

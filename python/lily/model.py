@@ -62,7 +62,7 @@ class Model:
         self.config: dict = engine.config
         self.eos_token_ids: list[int] = _eos_ids(directory, self.config, tokenizer)
         for message in engine.config_warnings:
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, params.LilyWarning, stacklevel=3)
         if tokenizer is not None:
             engine.set_token_bytes(tokenizer.token_bytes())
 

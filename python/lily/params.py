@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from ._lily import LilyError
 
+class LilyWarning(UserWarning):
+    """Input lily accepts but doubts: a config field that looks misspelt, a name that hides a directory."""
+
+
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
 _FLOAT32_MAX = 3.4028234663852886e38  # the engine holds sampling values as 32-bit floats
