@@ -517,8 +517,8 @@ SURROGATE_BODIES = [  # JSON text: "\\ud800" is valid JSON but half a UTF-16 pai
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud800"}], "stream": true}',
      "messages[0].content"),
-    ("/v1/chat/completions", '{"messages": [{"role": "system", "content": "\\udc00"}, {"role": "user", "content": "Hi"}]}',
-     "messages[0].content"),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "system", "content": "\\udc00"}, {"role": "user", "content": "Hi"}]}', "messages[0].content"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
      "messages[0].content[0].text"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\ud800"]}', "stop"),
@@ -579,7 +579,7 @@ def test_server_settings_follow_the_parameter_table(tiny_model):
     from lily.server import ServerConfig, create_app
 
     beyond = tiny_model.max_context + 1
-    with pytest.raises(lily.LilyError, match=f"context {beyond} exceeds the model's context of {tiny_model.max_context}"):
+    with pytest.raises(lily.LilyError, match=f"context {beyond} exceeds the model's context of {beyond - 1}"):
         create_app(tiny_model, ServerConfig(context=beyond))  # was served at the model's context
     for bad in (dict(max_tokens_limit=0), dict(max_queue=-1), dict(cache_bytes=-1), dict(context=0)):
         with pytest.raises(lily.LilyError, match=next(iter(bad))):

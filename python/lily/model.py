@@ -173,9 +173,9 @@ class Model:
 
     def new_session(self, max_context: int | None = None) -> "Session":
         """A fresh session with room for max_context tokens (default: the model's context)."""
-        if max_context is None:
-            return Session(self, self._engine.new_session(self.max_context))
-        return Session(self, self._engine.new_session(params.context_within(max_context, self.max_context, "max_context")))
+        context = self.max_context if max_context is None else params.context_within(
+            max_context, self.max_context, "max_context")
+        return Session(self, self._engine.new_session(context))
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Teacher-forced logits [T, vocab] (float32) of a token sequence, from a fresh state."""
@@ -269,10 +269,10 @@ class Session:
     ) -> GenerationResult | Iterator[Piece]:
         """Continues the conversation: feeds the prompt (if any) and generates.
 
-        temperature 0 is greedy; the ranges of every parameter are lily.params' (top_p 0 keeps
-        only the most likely token, top_k 0 or -1 is off). stop: strings that end generation
-        (not included in the text). With stream=True, returns an iterator of Piece; its `result` attribute
-        holds the GenerationResult once the iterator is exhausted.
+        temperature 0 is greedy; every parameter's type and range are lily.params' (top_p 0
+        keeps only the most likely token, top_k 0 or -1 is off). stop: strings that end
+        generation (not included in the text). With stream=True, returns an iterator of Piece;
+        its `result` attribute holds the GenerationResult once the iterator is exhausted.
         """
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -283,7 +283,7 @@ class Session:
             raise LilyError("stop strings need a tokenizer; use stop_token_ids")
         extra_stop_ids = [params.TOKEN_ID.check(t, f"stop_token_ids[{i}]") for i, t in enumerate(stop_token_ids or [])]
         ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
-        if not ids and not self.tokens:
+        if not ids and self.position == 0:
             raise LilyError("the prompt is empty and the session holds no tokens to continue from")
         sampling = _lily.SamplingParams()
         sampling.temperature = v["temperature"]
@@ -293,7 +293,7 @@ class Session:
         sampling.repetition_penalty = v["repetition_penalty"]
         sampling.presence_penalty = v["presence_penalty"]
         sampling.frequency_penalty = v["frequency_penalty"]
-        sampling.seed = v["seed"] if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
+        sampling.seed = v["seed"] if v["seed"] is not None else int(np.random.SeedSequence().entropy % (1 << 63))
         if self.model.tokenizer is not None:
             sampling.vocab_limit = min(self.model.tokenizer.vocab_size, int(self.model.config["vocab_size"]))
         _lily.check_sampling(sampling)  # before the prompt touches the session

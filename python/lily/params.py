@@ -169,7 +169,7 @@ def lone_surrogate(value, where: str = "") -> tuple[str, int, str] | None:
 
 def surrogate_message(where: str, index: int, ch: str) -> str:
     return (f"{where} holds a lone surrogate (U+{ord(ch):04X}) at character {index}, which is not valid "
-            f"Unicode text (a UTF-16 half without its pair)")
+            f"Unicode text (half a UTF-16 pair)")
 
 
 def check_text(value, where: str) -> None:

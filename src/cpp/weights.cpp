@@ -124,7 +124,8 @@ class Loader {
   // `dims` names the expected shape in config.json's terms ("[vocab_size, hidden_size]"), so a
   // config that disagrees with the tensors says which field to look at.
   static void expect_shape(const TensorView& t, const std::vector<int64_t>& shape, const std::string& dims) {
-    if (t.shape != shape) bad(t, "has shape " + t.shape_str() + ", expected " + shape_str(shape) + " (" + dims + " in config.json)");
+    if (t.shape != shape)
+      bad(t, "has shape " + t.shape_str() + ", expected " + shape_str(shape) + " (" + dims + " in config.json)");
   }
   static void expect_float(const TensorView& t) {
     if (t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F32)
@@ -324,9 +325,11 @@ class Loader {
                       in_i = "[num_experts, hidden_size, moe_intermediate_size]";
     moe.router = linear(m + "gate", 0, E, H, "[num_experts, hidden_size]");
     moe.shared_expert_gate = linear(m + "shared_expert_gate", 0, 1, H, "[1, hidden_size]");
-    moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 0, Is, H, "[shared_expert_intermediate_size, hidden_size]");
-    moe.shared_up_proj = linear(m + "shared_expert.up_proj", 0, Is, H, "[shared_expert_intermediate_size, hidden_size]");
-    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 0, H, Is, "[hidden_size, shared_expert_intermediate_size]");
+    const std::string shared_in = "[shared_expert_intermediate_size, hidden_size]",
+                      shared_out = "[hidden_size, shared_expert_intermediate_size]";
+    moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 0, Is, H, shared_in);
+    moe.shared_up_proj = linear(m + "shared_expert.up_proj", 0, Is, H, shared_in);
+    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 0, H, Is, shared_out);
 
     const std::string sw = m + "switch_mlp.";
     if (by_canon_.count(sw + "gate_proj.weight")) {  // MLX layout (quantized or not)
@@ -351,7 +354,8 @@ class Loader {
         for (int64_t e = 0; e < E; ++e) {
           const TensorView& t = need(m + "experts." + std::to_string(e) + "." + proj + ".weight");
           expect_float(t);
-          expect_shape(t, {N, K}, down ? "[hidden_size, moe_intermediate_size]" : "[moe_intermediate_size, hidden_size]");
+          expect_shape(t, {N, K},
+                       down ? "[hidden_size, moe_intermediate_size]" : "[moe_intermediate_size, hidden_size]");
           parts.push_back(&t);
         }
         QWeight q = quantize_rows(sw + proj, parts, {0, N}, E, N, K);

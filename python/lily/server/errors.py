@@ -89,7 +89,7 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if param is None:
         return f"the request body must be a JSON object ({first.get('msg', 'invalid')})", None
     if any(e.get("type") == "string_unicode" and _param(e.get("loc", ())) == param for e in errors):
-        return f"{param} holds a lone surrogate, which is not valid Unicode text (a UTF-16 half without its pair)", param
+        return f"{param} holds a lone surrogate, which is not valid Unicode text (half a UTF-16 pair)", param
     wants = list(dict.fromkeys(e["msg"] for e in errors if _param(e.get("loc", ())) == param))
     return f"{param}: {'; or '.join(wants[:4])}", param
 
