@@ -31,8 +31,7 @@ DIM, RESET = "\x1b[2m", "\x1b[0m"
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal")
     _add_model_args(p)
-    _add_sampling_args(p)
-    p.set_defaults(max_tokens=2048)
+    _add_sampling_args(p, max_tokens=2048)
     _add_think_arg(p)
     p.add_argument("--hide-thinking", action="store_true", help="do not show the model's thinking")
     p.add_argument("--system", default=None, help="system prompt")

@@ -14,18 +14,20 @@ DEFAULT_MODEL = "lily-tiny"
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=DEFAULT_MODEL,
                    help=f"checkpoint directory, built-in name or Hub repo id (default: {DEFAULT_MODEL})")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """One flag per sampling parameter of lily.params (the API's keywords, range and defaults)."""
+def _add_sampling_args(p: argparse.ArgumentParser, **defaults) -> None:
+    """One flag per sampling parameter of lily.params: the API's keywords, ranges and defaults
+    (`defaults` overrides some, e.g. max_tokens for chat)."""
     from . import params
 
     for param in params.SAMPLING:
         flags = ("-n", param.flag) if param is params.MAX_TOKENS else (param.flag,)
-        default = "" if param.default is None else f" (default: {param.default})"
-        p.add_argument(*flags, type=param.parse, default=param.default, dest=param.name,
-                       help=f"{param.help}; {param.rule}{default}")
+        default = defaults.get(param.name, param.default)
+        shown = "" if default is None else f" (default: {default})"
+        p.add_argument(*flags, type=param.parse, default=default, dest=param.name,
+                       help=f"{param.help}; {param.rule}{shown}")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 

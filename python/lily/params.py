@@ -1,4 +1,5 @@
-"""The rules of every user-facing number: its type, its range and the error that says so.
+"""The rules of lily's inputs: each parameter's type and range, the error that says so, and
+what text must be (valid Unicode).
 
 One table serves the Python API (Session.generate), the command line (argparse types, so
 the sampling flags come from here) and the server (its request schema and 400s), so a
@@ -14,6 +15,7 @@ import numbers
 from dataclasses import dataclass
 
 from ._lily import LilyError
+
 
 class LilyWarning(UserWarning):
     """Input lily accepts but doubts: a config field that looks misspelt, a name that hides a directory."""
@@ -45,7 +47,7 @@ class Param:
             return f"{what} in [{_number(self.low)}, {_number(self.high)}]"
         if self.low is not None:
             return f"{what} >= {_number(self.low)}"
-        return f"a finite {what[2:]}"
+        return what
 
     def problem(self, value) -> str | None:
         """Why `value` breaks the rule ('must be ..., got ...'), or None when it keeps it."""
