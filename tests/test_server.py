@@ -768,3 +768,16 @@ def test_load_sequential_then_concurrent_with_disconnects(app, base_url, http):
     # Only cache entries hold sessions beyond the worker's own; memory does not creep.
     assert live_sessions() - len(worker.cache) == sessions - entries
     assert rss_mb() - rss < 100
+
+
+def test_checkpoint_sampling_defaults_follow_the_parameter_table(tmp_path, caplog):
+    """A generation_config.json value outside lily.params is logged and not used (it made every
+    request that left the value out fail)."""
+    pytest.importorskip("fastapi")
+    from lily.server.prompts import Defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1, "top_k": 20, "top_p": "x"}))
+    with caplog.at_level("WARNING", logger="lily.server"):
+        d = Defaults.from_checkpoint(tmp_path)
+    assert (d.temperature, d.top_k, d.top_p) == (1.0, 20, 1.0)
+    assert "temperature must be a number >= 0, got -1" in caplog.text and "top_p must be" in caplog.text
