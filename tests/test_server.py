@@ -517,8 +517,8 @@ SURROGATE_BODIES = [  # JSON text: "\\ud800" is valid JSON but half a UTF-16 pai
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud800"}], "stream": true}',
      "messages[0].content"),
-    ("/v1/chat/completions",
-     '{"messages": [{"role": "system", "content": "\\udc00"}, {"role": "user", "content": "Hi"}]}', "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "system", "content": "\\udc00"}, '
+                             '{"role": "user", "content": "Hi"}]}', "messages[0].content"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
      "messages[0].content[0].text"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\ud800"]}', "stop"),

@@ -165,7 +165,8 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
       fail(path, ": field 'text_config.model_type' is '", tm->as_string(), "'; expected 'qwen3_5_moe_text'");
   }
   Consulted seen;
-  for (const char* field : {"model_type", "text_config", "quantization", "quantization_config"}) seen.read.insert(field);
+  for (const char* field : {"model_type", "text_config", "quantization", "quantization_config"})
+    seen.read.insert(field);  // read from the root
   Reader r{t, path, text ? "text_config." : "", &seen};
 
   c.hidden_size = r.integer("hidden_size", 1);
