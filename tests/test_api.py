@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_sampling_cut_to_one_candidate_equals_greedy(tiny_model, greedy40, cut):
 
 def test_presence_penalty_prevents_repeats(tiny_model, greedy40):
     assert len(set(greedy40.token_ids)) < len(greedy40.token_ids)  # greedy does repeat itself
-    r = tiny_model.generate(PROMPT, max_tokens=40, presence_penalty=1e4, ignore_eos=True)
+    r = tiny_model.generate(PROMPT, max_tokens=40, presence_penalty=2.0, ignore_eos=True)  # the most allowed
     assert len(set(r.token_ids)) == len(r.token_ids)
 
 
@@ -381,19 +382,33 @@ def test_prompt_and_messages_together_are_refused(tiny_model):
 
 
 BAD_PARAMETERS = [
-    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=-0.1), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(min_p=-0.1), "min_p"),
     (dict(min_p=2.0), "min_p"),
-    (dict(top_k=-1), "top_k"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_k=2.0), "top_k"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=1e39), "temperature"),  # beyond the engine's 32-bit float
+    (dict(temperature="0.5"), "temperature"),
     (dict(presence_penalty=float("nan")), "presence_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=float("inf")), "frequency_penalty"),
     (dict(seed=-1), "seed"),
+    (dict(seed=2**64), "seed"),
+    (dict(seed=1.0), "seed"),
     (dict(max_tokens=-1), "max_tokens"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=1.5), "max_tokens"),
+    (dict(max_tokens="5"), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"),
+    (dict(max_tokens=2**70), "max_tokens"),  # was a nanobind TypeError
     (dict(stop=[""]), "stop"),
+    (dict(stop=["x"] * 17), "stop"),
+    (dict(stop_token_ids=["a"]), "stop_token_ids"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"),
 ]
 
 
@@ -403,12 +418,35 @@ def test_bad_sampling_parameters_are_named(tiny_model, kwargs, name):
         tiny_model.generate(PROMPT, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(top_p=0.0), dict(max_tokens=-1)], ids=["top_p", "max_tokens"])
+@pytest.mark.parametrize("kwargs", [dict(top_p=1.5), dict(max_tokens=-1)], ids=["top_p", "max_tokens"])
 def test_bad_parameters_are_refused_before_the_prompt_is_fed(tiny_model, kwargs):
     s = tiny_model.prefill(ids_of(tiny_model, 8))
     with pytest.raises(lily.LilyError):
         s.generate(ids_of(tiny_model, 4, offset=50), **kwargs)
     assert s.position == 8 and s.tokens == ids_of(tiny_model, 8)
+
+
+def test_parameters_follow_the_servers_conventions(tiny_model, greedy40):
+    """top_p 0 keeps only the most likely token and top_k -1 is off, as the server (and vLLM) say."""
+    sampled = dict(max_tokens=40, temperature=0.9, seed=7, ignore_eos=True)
+    assert tiny_model.generate(PROMPT, top_p=0, **sampled).token_ids == greedy40.token_ids
+    off = tiny_model.generate(PROMPT, **sampled).token_ids
+    assert tiny_model.generate(PROMPT, top_k=-1, **sampled).token_ids == off
+
+
+@pytest.mark.parametrize("where, call", [
+    ("prompt", lambda m: m.generate("ok \ud800", max_tokens=2)),
+    ("prompt", lambda m: m.generate("ok \ud800", max_tokens=2, stream=True)),
+    ("messages[0].content", lambda m: m.generate(messages=[{"role": "user", "content": "\udfff"}], max_tokens=2)),
+    ("messages[0].content", lambda m: m.generate(messages=[{"role": "system", "content": "a\ud800b"},
+                                                            {"role": "user", "content": "Hi"}], max_tokens=2)),
+    ("stop", lambda m: m.generate("ok", stop="\ud800", max_tokens=2)),
+    ("text", lambda m: m.encode("\ud800")),
+], ids=["prompt", "prompt_streamed", "user_message", "system_message", "stop", "encode"])
+def test_lone_surrogates_are_a_lily_error_naming_the_field(tiny_model, where, call):
+    """Text that is not valid Unicode (half a UTF-16 pair, as JSON's \\ud800 decodes) was a bare TypeError."""
+    with pytest.raises(lily.LilyError, match=re.escape(where) + r" holds a lone surrogate \(U\+D[89A-F]"):
+        call(tiny_model)
 
 
 @pytest.mark.parametrize("bad", [[], [-1], [10**6], [[1, 2]]], ids=["empty", "negative", "past_vocab", "2d"])
@@ -422,6 +460,37 @@ def test_bad_device(tiny_mlx_dir):
         lily.Model.load(str(tiny_mlx_dir), device="tpu")
 
 
+@pytest.mark.parametrize("device, message", [
+    ("cuda:x", "expected 'cuda' or 'cuda:N'"),  # was std::stoi's exception in a CUDA build
+    ("cuda:", "expected 'cuda' or 'cuda:N'"),
+    ("cuda:99", ""),  # a CUDA build said "device 'cuda'"
+])
+def test_device_errors_name_the_device_asked_for(tiny_mlx_dir, device, message):
+    with pytest.raises(lily.LilyError, match=re.escape(f"device '{device}': {message}")):
+        lily.Model.load(str(tiny_mlx_dir), device=device)
+
+
+def test_empty_model_path_is_named(tmp_path, monkeypatch):
+    """It read ./config.json (the working directory) and said that could not be opened."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(lily.LilyError, match="the model path is empty"):
+        lily.Model.load("", device="cpu")
+
+
+def test_a_directory_named_like_a_built_in_model(tiny_mlx_dir, tmp_path, monkeypatch):
+    """The built-in name wins (with a warning saying so); written as a path, the directory loads."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_mlx_dir, tmp_path / "lily-tiny")
+    from pathlib import Path
+
+    shadowed = r"'lily-tiny' is lily's built-in model; the directory ./lily-tiny is not used"
+    with pytest.warns(lily.LilyWarning, match=shadowed):
+        assert lily.Model.load("lily-tiny", device="cpu").path == lily.hub.lily_tiny_dir()
+
+    for written in ("./lily-tiny", Path("lily-tiny")):
+        assert lily.Model.load(written, device="cpu").path.resolve() == (tmp_path / "lily-tiny").resolve()
+
+
 def test_prefill_chunk_and_route_defaults(tiny_mlx_dir):
     """0 (the default) takes the device's own chunk: 512 tokens on the CPU, which always
     feeds whole chunks through each layer."""
@@ -430,9 +499,17 @@ def test_prefill_chunk_and_route_defaults(tiny_mlx_dir):
     assert lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=7)._engine.prefill_chunk == 7
 
 
-def test_bad_prefill_chunk(tiny_mlx_dir):
+@pytest.mark.parametrize("chunk", [-1, 1.5, "8"])
+def test_bad_prefill_chunk(tiny_mlx_dir, chunk):
     with pytest.raises(lily.LilyError, match="prefill_chunk"):
-        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=-1)
+        lily.Model.load(str(tiny_mlx_dir), device="cpu", prefill_chunk=chunk)
+
+
+@pytest.mark.parametrize("max_context", [0, 1.5, 10**9])
+def test_bad_session_context(tiny_model, max_context):
+    """0 was taken as the default, 1.5 was a nanobind TypeError."""
+    with pytest.raises(lily.LilyError, match="max_context"):
+        tiny_model.new_session(max_context)
 
 
 def test_missing_model_directory(tmp_path):

@@ -37,9 +37,20 @@ def test_generate_prints_text_and_throughput(tiny_mlx_dir, tiny_model):
 def test_generate_with_the_chat_template(tiny_mlx_dir, tiny_model):
     r = run_lily("generate", "-m", tiny_mlx_dir, "--device", "cpu", "--chat", "Hello", "-n", "4")
     assert r.returncode == 0, r.stderr
-    want = tiny_model.generate(messages=[{"role": "user", "content": "Hello"}], enable_thinking=False, max_tokens=4)
+    want = tiny_model.generate(messages=[{"role": "user", "content": "Hello"}], max_tokens=4)  # the template's thinking
     assert r.stdout == want.text + "\n"
     assert f"prefill {want.prompt_tokens} tokens" in r.stderr
+    r = run_lily("generate", "-m", tiny_mlx_dir, "--device", "cpu", "--chat", "--no-think", "Hello", "-n", "4")
+    want = tiny_model.generate(messages=[{"role": "user", "content": "Hello"}], enable_thinking=False, max_tokens=4)
+    assert r.returncode == 0 and r.stdout == want.text + "\n", r.stderr
+
+
+def test_think_defaults_to_the_chat_templates_in_generate_and_chat():
+    """One default for --think in both commands: None, the template's (as the API and server)."""
+    from lily.cli import build_parser
+
+    assert build_parser().parse_args(["generate", "--chat", "x"]).think is None
+    assert build_parser().parse_args(["chat"]).think is None
 
 
 def test_generate_with_the_default_model():
@@ -114,10 +125,15 @@ def test_version_comes_from_the_package():
 @pytest.mark.parametrize("args, words", [
     (["generate", "-m", "/nonexistent/model/dir", "hi"], ["/nonexistent/model/dir"]),
     (["info", "-m", "./no-such-dir"], ["no-such-dir"]),
-    (["generate", "-m", "{ckpt}", "--device", "cpu", "hi", "--top-p", "0"], ["top_p"]),
     (["generate", "-m", "{ckpt}", "--device", "tpu", "hi"], ["device"]),
     (["convert", "/nonexistent/hf", "{tmp}/out"], ["/nonexistent/hf"]),
-], ids=["generate_missing_model", "info_missing_model", "bad_top_p", "bad_device", "convert_missing_input"])
+    (["convert", "{ckpt}", "/proc/nope/out"], ["/proc/nope"]),  # an OSError: was a traceback
+    (["synthetic", "/proc/x"], ["/proc/x"]),
+    (["serve", "--context", "100000"], ["context 100000", "8192"]),  # lily-tiny's; was served at 8192
+    (["generate", "-m", "", "hi"], ["empty"]),
+    (["generate", "-m", "{ckpt}", "--device", "cpu", ""], ["the prompt is empty"]),
+], ids=["generate_missing_model", "info_missing_model", "bad_device", "convert_missing_input", "convert_unwritable",
+        "synthetic_unwritable", "serve_context_beyond_the_model", "empty_model_path", "empty_prompt"])
 def test_errors_exit_2_with_a_message(tiny_mlx_dir, tmp_path, args, words):
     args = [a.format(ckpt=tiny_mlx_dir, tmp=tmp_path) for a in args]
     r = run_lily(*args, tmp_path=tmp_path)
@@ -142,8 +158,81 @@ def test_generate_reads_the_prompt_from_standard_input():
 
 @pytest.mark.parametrize("args, message", [
     (["generate", "x", "--think"], "--think needs --chat"),
-    (["generate", "x", "--temperature", "-1"], "temperature must be"),
+    (["generate", "x", "--no-think"], "--no-think needs --chat"),
 ])
 def test_generate_refuses_contradictory_options(args, message):
     r = run_lily(*args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_sampling_flags_are_the_apis_parameters():
+    """generate and chat take one flag per sampling parameter of lily.params, with the API's defaults."""
+    from lily import params
+    from lily.cli import build_parser
+
+    for command in ("generate", "chat"):
+        args = vars(build_parser().parse_args([command, "x"] if command == "generate" else [command]))
+        assert {p.name for p in params.SAMPLING} <= args.keys()
+    args = vars(build_parser().parse_args(["generate", "x"]))
+    assert all(args[p.name] == p.default for p in params.SAMPLING)
+
+
+def test_frequency_penalty_reaches_the_model(tiny_mlx_dir, tiny_model):
+    r = run_lily("generate", "-m", tiny_mlx_dir, "--device", "cpu", "Once upon a time", "-n", "24",
+                 "--frequency-penalty", "2")
+    assert r.returncode == 0, r.stderr
+    want = tiny_model.generate("Once upon a time", max_tokens=24, frequency_penalty=2.0)
+    assert r.stdout == want.text + "\n"
+    assert want.token_ids != tiny_model.generate("Once upon a time", max_tokens=24).token_ids
+
+
+@pytest.mark.parametrize("args, param", [
+    (["generate", "x", "-n", "1.5"], "MAX_TOKENS"),
+    (["generate", "x", "--max-tokens", "0"], "MAX_TOKENS"),
+    (["generate", "x", "--seed", "-5"], "SEED"),
+    (["generate", "x", "--temperature", "-1"], "TEMPERATURE"),
+    (["generate", "x", "--top-p", "2"], "TOP_P"),
+    (["generate", "x", "--top-k", "nan"], "TOP_K"),
+    (["chat", "--frequency-penalty", "3"], "FREQUENCY_PENALTY"),
+    (["chat", "--context", "-5"], "CONTEXT"),
+    (["serve", "--port", "99999"], "PORT"),  # was a 60-line OverflowError
+    (["serve", "--context", "0"], "CONTEXT"),
+    (["serve", "--cache-mb", "-1"], "CACHE_MB"),  # was taken as 0
+    (["serve", "--max-queue", "-1"], "MAX_QUEUE"),
+    (["serve", "--max-tokens-limit", "0"], "MAX_TOKENS_LIMIT"),
+    (["synthetic", "out", "--seed", "-1"], "WEIGHT_SEED"),  # was numpy's ValueError traceback
+    (["bench", "--synthetic", "tiny", "--prefill-chunk", "-1"], "PREFILL_CHUNK"),  # failed every arm
+])
+def test_flag_values_follow_the_parameter_table(args, param):
+    from lily import params
+
+    rule = getattr(params, param).rule
+    r = run_lily(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "usage:" in r.stderr and f"must be {rule}, got {args[-1]!r}" in r.stderr, r.stderr
+
+
+def test_generate_into_a_closed_pipe_stops_quietly(tiny_mlx_dir):
+    """`lily generate ... | head -c 1`: the reader leaves; no BrokenPipeError traceback."""
+    command = (f"{sys.executable} -m lily generate -m {tiny_mlx_dir} --device cpu -n 4000 --temperature 1 --seed 1 "
+               f"'Once upon a time' | head -c 1 >/dev/null; echo \"rc=${{PIPESTATUS[0]}}\"")
+    r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
+    assert r.stderr == "" and r.stdout.strip() == "rc=141", (r.stdout, r.stderr)
+
+
+def test_standard_input_that_is_not_text(tiny_mlx_dir):
+    r = subprocess.run([sys.executable, "-m", "lily", "generate", "-m", str(tiny_mlx_dir), "--device", "cpu", "-"],
+                       input=b"\xff\xfe binary", capture_output=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.decode().startswith("lily: error: standard input is not UTF-8"), r.stderr
+
+
+def test_warnings_print_as_lily_warnings(tiny_mlx_dir, tmp_path):
+    """A directory named like the built-in model: the built-in runs, and the command says so."""
+    import shutil
+
+    shutil.copytree(tiny_mlx_dir, tmp_path / "lily-tiny")
+    r = subprocess.run([sys.executable, "-m", "lily", "generate", "--device", "cpu", "-n", "2", "def f("],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("lily: warning: 'lily-tiny' is lily's built-in model; the directory ./lily-tiny "
+                               "is not used (write ./lily-tiny to load it)\n"), r.stderr

@@ -133,6 +133,62 @@ def test_wrong_shape_of_a_norm(ckpt):
     assert name in msg and "shape" in msg and f.name in msg
 
 
+@pytest.fixture(params=["mlx", "hf"])
+def any_layout(request, tiny_mlx_dir, tiny_hf_dir, tmp_path) -> Path:
+    """A private copy of the tiny checkpoint in each layout."""
+    out = tmp_path / request.param
+    shutil.copytree(tiny_mlx_dir if request.param == "mlx" else tiny_hf_dir, out)
+    return out
+
+
+@pytest.mark.parametrize("suffix, dims", [
+    ("layers.0.input_layernorm.weight", "[hidden_size]"),
+    ("model.norm.weight", "[hidden_size]"),
+    ("linear_attn.dt_bias", "[linear_num_value_heads]"),
+    ("self_attn.q_norm.weight", "[head_dim]"),
+])
+def test_dense_tensor_of_the_right_size_but_wrong_shape(any_layout, suffix, dims):
+    """[H] stored as [H/2, 2]: the same element count loaded silently before."""
+    f, name = find_tensor(any_layout, suffix)
+    h = None
+
+    def fold(t):
+        nonlocal h
+        v = t[name].array()
+        h = v.shape[0]
+        t[name] = Tensor.from_array(t[name].dtype, v.reshape(h // 2, 2))
+
+    edit(f, fold)
+    msg = load_error(any_layout)
+    assert f"{f}: tensor '{name}' has shape [{h // 2}, 2], expected [{h}] ({dims} in config.json)" == msg
+
+
+def test_hidden_size_disagreeing_with_the_tensors_names_the_shape(any_layout):
+    """Both layouts say the embedding's shape does not match hidden_size (the MLX layout said
+    the codes were 2-bit)."""
+    edit_config(any_layout, lambda c: text_config(c).update(hidden_size=2 * text_config(c)["hidden_size"]))
+    msg = load_error(any_layout)
+    assert "embed_tokens.weight' has shape" in msg and "[vocab_size, hidden_size] in config.json" in msg, msg
+    assert "bit codes;" not in msg
+
+
+def test_misspelt_optional_config_field_warns(ckpt):
+    def misspell(c):
+        t = text_config(c)
+        t["rms_norm_epsilon"] = t.pop("rms_norm_eps", 1e-6)
+
+    edit_config(ckpt, misspell)
+    with pytest.warns(lily.LilyWarning, match=r"config.json: field '(text_config\.)?rms_norm_epsilon' is not one lily "
+                                         r"reads; did you mean 'rms_norm_eps'\?"):
+        lily.Model.load(str(ckpt), device="cpu")
+
+
+def test_a_well_formed_config_gives_no_warning(ckpt, recwarn):
+    lily.Model.load(str(ckpt), device="cpu")
+    lily.Model.load("lily-tiny", device="cpu")
+    assert not [w for w in recwarn if issubclass(w.category, lily.LilyWarning)]
+
+
 def test_wrong_shape_of_a_quantized_weight(ckpt):
     """q_proj with 64 rows too few (codes, scales and biases all consistent with each other)."""
     i = find_layer(ckpt, "self_attn.q_proj")

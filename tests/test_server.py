@@ -81,6 +81,14 @@ def test_tool_call_block_types_values_by_schema():
      ("cut short", "<tool_call>\n<function=get_weather>\n<param", [])),
     ("x</think>" + CALL.removesuffix("</tool_call>"), True, ("x", "", ["get_weather"])),
     ("reasoning cut by max_tokens " + NOISE, True, ("reasoning cut by max_tokens " + NOISE, "", [])),
+    # Only the markers and the line breaks the template writes around them are not text:
+    ("\n    indented = 1 \n", False, ("", "\n    indented = 1 \n", [])),
+    ("  two spaces \n</think>\n\n  code\n", True, ("  two spaces ", "  code\n", [])),
+    ("a\n\n\n</think>\n\n\nb", True, ("a\n\n", "\nb", [])),
+    ("cut while thinking \n\n", True, ("cut while thinking \n\n", "", [])),
+    ("Checking.\n\n<tool_call>\nnot a call\n</tool_call>\n", False,
+     ("", "Checking.\n\n<tool_call>\nnot a call\n</tool_call>\n", [])),
+    ("Checking.\n\n" + CALL + "\n", False, ("", "Checking.", ["get_weather"])),
 ])
 def test_reply_is_split_the_same_whole_streamed_and_char_by_char(tokenizer, text, in_reasoning, want):
     whole = parse_assistant_output(text, in_reasoning=in_reasoning, parse_tools=True, tools=TOOLS)
@@ -98,9 +106,11 @@ def test_without_tools_a_call_stays_text(tokenizer):
 
 def test_marker_prefixes_are_held_only_while_ambiguous():
     s = AssistantStream(in_reasoning=True)
-    assert s.feed("a </th").reasoning == "a"  # "</th" might open "</think>"
-    assert s.feed("ought").reasoning == " </thought"  # it did not
-    assert s.feed("</think>b").content == "b"
+    assert s.feed("a </th").reasoning == "a "  # "</th" might open "</think>"
+    assert s.feed("ought\n").reasoning == "</thought"  # it did not; "\n" may come before "</think>"
+    assert s.feed("more").reasoning == "\nmore"  # it did not either
+    assert s.feed("</think>\n").content == ""
+    assert s.feed("\n\nb").content == "\nb"  # "</think>" takes two line breaks after it
 
 
 # ---- the streamed chat reply, assembled by the official client ---------------------------------
@@ -115,7 +125,7 @@ def run_reply_stream(reply, pieces, finish="stop"):
         yield Outcome(finish, 10, 0, len(pieces), 0.0, 0.0)
 
     async def collect():
-        return [chunk async for chunk in reply.stream(events())]
+        return [chunk async for chunk in reply.stream(events(), lambda error: None)]
 
     return asyncio.run(collect())
 
@@ -296,6 +306,35 @@ def test_chat_streaming_equals_non_streaming(client):
     assert len({c.id for c in chunks}) == 1
 
 
+@pytest.fixture(scope="module")
+def lily_tiny_client():
+    """A server on lily-tiny, whose greedy replies start with a line break and end in spaces."""
+    openai = pytest.importorskip("openai")
+    model = lily.Model.load("lily-tiny", device="cpu")
+    with live_server(make_app(model, cache_bytes=0)) as url:
+        yield model, openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.mark.parametrize("content, enable_thinking", [("Hi", False), ("def f(", False), ("Hi", None)])
+def test_the_reply_keeps_every_character_the_model_wrote(lily_tiny_client, content, enable_thinking):
+    """Greedy, same prompt: the server's content (streamed or not) is the API's text exactly; it
+    was trimmed ('\\n# Author: ' became '# Author:'). With thinking, no '</think>' in 12 tokens:
+    all of it is reasoning, as written."""
+    model, client = lily_tiny_client
+    messages = [{"role": "user", "content": content}]
+    raw = local_reply(model, messages, 12, enable_thinking=enable_thinking)
+    assert raw != raw.strip() and "</think>" not in raw
+    extra = {} if enable_thinking is None else {"chat_template_kwargs": {"enable_thinking": enable_thinking}}
+    kwargs = dict(model="tiny", messages=messages, temperature=0, max_tokens=12, extra_body=extra)
+    message = client.chat.completions.create(**kwargs).choices[0].message
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    streamed = ("".join(getattr(d, "reasoning_content", None) or "" for d in deltas),
+                "".join(d.content or "" for d in deltas))
+    want = ("", raw) if enable_thinking is False else (raw, "")
+    assert ((message.reasoning_content or ""), message.content) == want
+    assert streamed == want
+
+
 def test_completions_streaming_and_not(client, tiny_model):
     r = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=20, temperature=0)
     want = tiny_model.generate("Once upon a time", max_tokens=20, temperature=0).text
@@ -406,9 +445,16 @@ def status_and_param(call):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"temperature": 5}, "temperature"),
+    ({"temperature": -1}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),  # lily.params' rules: the Python API's and the CLI's
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": 2001}, "max_tokens"),  # above the server's --max-tokens-limit
+    ({"max_completion_tokens": 2001}, "max_completion_tokens"),
+    ({"seed": -5}, "seed"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"n": 2}, "n"),
     ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
@@ -467,6 +513,84 @@ def test_malformed_json_and_unknown_routes(http):
     assert r.status_code == 404 and "error" in r.json()
 
 
+SURROGATE_BODIES = [  # JSON text: "\\ud800" is valid JSON but half a UTF-16 pair, no Unicode character
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud800"}], "stream": true}',
+     "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "system", "content": "\\udc00"}, '
+                             '{"role": "user", "content": "Hi"}]}', "messages[0].content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "stop": ["\\ud800"]}', "stop"),
+    ("/v1/completions", '{"prompt": "\\ud800"}', "prompt"),
+]
+
+
+@pytest.mark.parametrize("route, body, param", SURROGATE_BODIES, ids=[
+    "user", "user_streamed", "system", "text_part", "stop", "completion"])
+def test_lone_surrogates_are_400_naming_the_field(http, route, body, param):
+    """They were a 500 (the tokenizer's TypeError) that /health did not count."""
+    before = wait_idle(http)["requests"]["failed"]
+    body = body[:1] + '"model": "tiny", "max_tokens": 3, ' + body[1:]
+    r = http.post(route, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "lone surrogate" in error["message"], error
+    assert health(http)["requests"]["failed"] == before
+
+
+def test_internal_errors_are_counted_in_health(tiny_model, monkeypatch):
+    """Each 500, and each error event in a stream, is one failure in /health: planning (here a
+    tokenizer that breaks) was not counted at all, and one error seen by both the generation
+    thread and the route must count once."""
+    httpx = pytest.importorskip("httpx")
+    app = make_app(tiny_model, cache_bytes=0)
+    worker = app.state.worker
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken")
+
+    with live_server(app) as url:
+        def post(**extra):  # a connection of its own: uvicorn closes one after a 500
+            return httpx.post(url + "/v1/chat/completions", json={**body, **extra}, timeout=60)
+
+        def failed():
+            with httpx.Client(base_url=url) as h:
+                return wait_idle(h)["requests"]["failed"]
+
+        with monkeypatch.context() as m:
+            m.setattr(tiny_model, "encode", broken)
+            assert post().status_code == 500
+        assert failed() == 1
+        with monkeypatch.context() as m:
+            m.setattr(worker.cache, "prefill", broken)  # on the generation thread
+            assert post().status_code == 500
+            assert failed() == 2
+            streamed = post(stream=True)
+            assert streamed.status_code == 200 and streamed.text.count('data: {"error"') == 1
+            assert failed() == 3
+        assert post().status_code == 200
+        assert failed() == 3
+
+
+def test_server_settings_follow_the_parameter_table(tiny_model):
+    pytest.importorskip("fastapi")
+    from lily.server import ServerConfig, create_app
+
+    beyond = tiny_model.max_context + 1
+    with pytest.raises(lily.LilyError, match=f"context {beyond} exceeds the model's context of {beyond - 1}"):
+        create_app(tiny_model, ServerConfig(context=beyond))  # was served at the model's context
+    for bad in (dict(max_tokens_limit=0), dict(max_queue=-1), dict(cache_bytes=-1), dict(context=0)):
+        with pytest.raises(lily.LilyError, match=next(iter(bad))):
+            create_app(tiny_model, ServerConfig(**bad))
+
+
+def test_model_card_has_a_creation_time(http):
+    card = http.get("/v1/models").json()["data"][0]
+    assert abs(card["created"] - time.time()) < 24 * 3600  # was 0
+
+
 @pytest.fixture(scope="module")
 def strict(tiny_model):
     """A server with an API key, a 1100-token context and room for one waiting request."""
@@ -482,10 +606,12 @@ def test_api_key_is_required(strict, tiny_model):
     bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
     status, _, body = status_and_param(lambda: bad.models.list())
     assert status == 401 and body["code"] == "invalid_api_key"
+    import httpx
+
+    assert httpx.get(url + "/v1/models").headers["www-authenticate"] == "Bearer"  # RFC 6750
     status, _, _ = status_and_param(lambda: chat(bad, "Hi"))
     assert status == 401
     assert good.models.list().data[0].id == "tiny"
-    import httpx
 
     assert httpx.get(url + "/health").status_code == 200  # health needs no key
 
@@ -642,3 +768,16 @@ def test_load_sequential_then_concurrent_with_disconnects(app, base_url, http):
     # Only cache entries hold sessions beyond the worker's own; memory does not creep.
     assert live_sessions() - len(worker.cache) == sessions - entries
     assert rss_mb() - rss < 100
+
+
+def test_checkpoint_sampling_defaults_follow_the_parameter_table(tmp_path, caplog):
+    """A generation_config.json value outside lily.params is logged and not used (it made every
+    request that left the value out fail)."""
+    pytest.importorskip("fastapi")
+    from lily.server.prompts import Defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1, "top_k": 20, "top_p": "x"}))
+    with caplog.at_level("WARNING", logger="lily.server"):
+        d = Defaults.from_checkpoint(tmp_path)
+    assert (d.temperature, d.top_k, d.top_p) == (1.0, 20, 1.0)
+    assert "temperature must be a number >= 0, got -1" in caplog.text and "top_p must be" in caplog.text

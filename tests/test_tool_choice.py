@@ -246,6 +246,14 @@ def test_a_call_cut_by_max_tokens_is_length_with_its_text(client):
         assert r.choices[0].message.content.startswith("<tool_call>\n<function=lookup>\n")
 
 
+def test_an_opening_that_takes_the_last_tokens_ends_the_reply(tokenizer):
+    """No generate call for 0 tokens (max_tokens must be >= 1, lily.params): the reply is "length"."""
+    opening = "<tool_call>\n<function=get_weather>\n"
+    reply = ScriptedReply(tokenizer, [], budget=len(tokenizer.encode(opening)))
+    assert write(reply, forced(tokenizer, ["get_weather"], False)) == "length"
+    assert reply.text == opening and reply.calls == [] and reply.tokens_left == 0
+
+
 def test_too_small_a_budget_forces_nothing(client):
     r = ask(client, named("get_weather"), max_tokens=3)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 0

@@ -8,5 +8,6 @@
 from ._lily import LilyError
 from ._version import __version__
 from .model import GenerationResult, Model, Piece, Session
+from .params import LilyWarning
 
-__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "__version__"]
+__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "LilyWarning", "__version__"]

@@ -79,6 +79,7 @@ def cmd_consistency(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from . import params
     from .bench.contract import CPU_DEFAULT_LENGTHS, DECODE_STEPS, DEFAULT_LENGTHS, length_label
     from .bench.references import REFERENCES
     from .bench.runners import PEERS
@@ -104,9 +105,10 @@ def add_parser(sub) -> None:
     b.add_argument("--out", help="output directory, new or empty (default: a new one under ./bench-out)")
     b.add_argument("--force", action="store_true",
                    help="write into --out although it holds files, replacing the results there")
-    b.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    b.add_argument("--prefill-chunk", type=int, default=0,
-                   help="lily's prefill chunk in tokens (default 0: the device's own, CPU 512, CUDA 4096)")
+    b.add_argument("--seed", type=params.WEIGHT_SEED.parse, default=params.WEIGHT_SEED.default,
+                   help=f"{params.WEIGHT_SEED.help} (default: 0)")
+    b.add_argument("--prefill-chunk", type=params.PREFILL_CHUNK.parse, default=params.PREFILL_CHUNK.default,
+                   help=f"lily's {params.PREFILL_CHUNK.help} (default 0: the device's own, CPU 512, CUDA 4096)")
     b.add_argument("--arm-timeout", type=float, default=3600, help="seconds one arm may take (default: 3600)")
     b.add_argument("--resume", action="store_true",
                    help="keep the measured arms of an interrupted sweep in --out and run only the others")

@@ -13,8 +13,9 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from . import params
 from ._lily import LilyError
-from .cli import _add_model_args, _add_sampling_args, _sampling
+from .cli import _add_model_args, _add_sampling_args, _add_think_arg, _sampling
 from .prefix_cache import PrefixCache, reply_start
 from .tool_calls import AssistantStream, prompt_opens_reasoning
 
@@ -30,14 +31,13 @@ DIM, RESET = "\x1b[2m", "\x1b[0m"
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal")
     _add_model_args(p)
-    _add_sampling_args(p)
-    p.set_defaults(max_tokens=2048)
-    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=True,
-                   help="let the model think before answering (default: on)")
+    _add_sampling_args(p, max_tokens=2048)
+    _add_think_arg(p)
     p.add_argument("--hide-thinking", action="store_true", help="do not show the model's thinking")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--context", type=int, default=None, help="context tokens (default: the model's)")
-    p.add_argument("--cache-mb", type=int, default=1024, help="prefix cache budget in MiB (default: 1024)")
+    p.add_argument("--context", type=params.CONTEXT.parse, default=None, help=params.CONTEXT.help)
+    p.add_argument("--cache-mb", type=params.CACHE_MB.parse, default=1024,
+                   help=f"{params.CACHE_MB.help} (default: 1024)")
     p.set_defaults(func=run)
 
 
@@ -68,9 +68,9 @@ class Chat:
         self.out, self.err = out, err
         self.system = args.system
         self.messages: list[dict] = []
-        context = args.context or model.max_context
+        context = model.max_context if args.context is None else params.context_within(args.context, model.max_context)
         self.session = model.new_session(context)
-        self.cache = PrefixCache.for_model(model, max(args.cache_mb, 0) << 20)
+        self.cache = PrefixCache.for_model(model, args.cache_mb << 20)
         self._styled = out.isatty()
         self._stop_text = {i: model.decode([i]) for i in model.eos_token_ids}
         self._reasoning_shown = False  # reasoning printed and not yet followed by content

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import warnings
 
 from ._version import __version__
 
@@ -13,41 +16,49 @@ DEFAULT_MODEL = "lily-tiny"
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=DEFAULT_MODEL,
                    help=f"checkpoint directory, built-in name or Hub repo id (default: {DEFAULT_MODEL})")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+def _add_sampling_args(p: argparse.ArgumentParser, **defaults) -> None:
+    """One flag per sampling parameter of lily.params: the API's keywords, ranges and defaults
+    (`defaults` overrides some, e.g. max_tokens for chat)."""
+    from . import params
+
+    for param in params.SAMPLING:
+        flags = ("-n", param.flag) if param is params.MAX_TOKENS else (param.flag,)
+        default = defaults.get(param.name, param.default)
+        shown = "" if default is None else f" (default: {default})"
+        p.add_argument(*flags, type=param.parse, default=default, dest=param.name,
+                       help=f"{param.help}; {param.rule}{shown}")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+def _add_think_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="let the model think before answering, or not (default: the chat template's; "
+                        "Qwen3.5/3.6 think), as in the API and the server")
+
+
 def _sampling(args) -> dict:
-    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                presence_penalty=args.presence_penalty, seed=args.seed, stop=args.stop)
+    from . import params
+
+    return {**{p.name: getattr(args, p.name) for p in params.SAMPLING}, "stop": args.stop}
 
 
 def cmd_generate(args) -> int:
     from ._lily import LilyError
     from .model import Model
 
+    if args.think is not None and not args.chat:
+        raise LilyError(f"--{'' if args.think else 'no-'}think needs --chat (thinking is part of the chat template)")
     model = Model.load(args.model, device=args.device)
     prompt = args.prompt
     if prompt is None:
         if sys.stdin.isatty():
             raise LilyError("give a prompt (an argument, or '-' or a pipe for standard input)")
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
     elif prompt == "-":
-        prompt = sys.stdin.read()
-    if args.think and not args.chat:
-        raise LilyError("--think needs --chat (thinking is part of the chat template)")
+        prompt = _read_stdin()
     kwargs = _sampling(args)
     if args.chat:
         kwargs["messages"] = [{"role": "user", "content": prompt}]
@@ -64,6 +75,16 @@ def cmd_generate(args) -> int:
           f"decode {len(r.token_ids)} tokens at {r.decode_tokens_per_s:,.1f} tok/s | finish: {r.finish_reason}",
           file=sys.stderr)
     return 0
+
+
+def _read_stdin() -> str:
+    from ._lily import LilyError
+
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LilyError(f"standard input is not UTF-8 text (byte {e.start} is not part of a character)") from e
 
 
 def cmd_convert(args) -> int:
@@ -107,6 +128,8 @@ def cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import params
+
     parser = argparse.ArgumentParser(prog="lily", description="Fast local inference for Qwen3.5/3.6 MoE models")
     parser.add_argument("--version", action="version", version=f"lily {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", nargs="?", default=None, help="the prompt; '-' or a pipe reads standard input")
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as a user message (default: raw text)")
-    g.add_argument("--think", action=argparse.BooleanOptionalAction, default=False,
-                   help="let the model think first (chat only; default: off)")
+    _add_think_arg(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("convert", help="HF bf16 checkpoint -> MLX affine 4-bit checkpoint")
@@ -130,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out_dir")
     s.add_argument("--size", choices=["tiny", "35b"], default="tiny")
     s.add_argument("--layout", choices=["mlx", "hf"], default="mlx")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=params.WEIGHT_SEED.parse, default=params.WEIGHT_SEED.default,
+                   help=f"{params.WEIGHT_SEED.help}; {params.WEIGHT_SEED.rule} (default: 0)")
     s.add_argument("--force", action="store_true",
                    help="replace a checkpoint already in OUT_DIR (default: refuse a directory that holds files)")
     s.set_defaults(func=cmd_synthetic)
@@ -163,12 +186,32 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():  # restores the handler when done (main may run in-process)
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except LilyError as e:
-        print(f"lily: error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
+    except BrokenPipeError:  # the reader left (`lily generate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 128 + signal.SIGPIPE
+    except OSError as e:  # a path the user gave that cannot be read or written
+        return _error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e)
     except KeyboardInterrupt:
         return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from .params import LilyWarning
+
+    if issubclass(category, LilyWarning):
+        print(f"lily: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _error(message) -> int:
+    print(f"lily: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from ._lily import LilyError
+from .params import LilyWarning
 
 # Files lily reads from a checkpoint repository (weights, config, tokenizer, template).
 _PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -28,15 +30,23 @@ def lily_tiny_dir() -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
-    """Returns a local checkpoint directory for a path, a built-in name or a Hub repo id."""
+    """Returns a local checkpoint directory for a path, a built-in name or a Hub repo id.
+
+    A built-in name wins over a directory of that name in the working directory (with a
+    warning): write it as a path ("./lily-tiny", or pass a Path) to load the directory.
+    """
     name = str(name_or_path)
+    if not name.strip():
+        raise LilyError("the model path is empty; give a checkpoint directory, a built-in name "
+                        f"({', '.join(builtin_models())}) or a Hub repo id")
     path = Path(name).expanduser()
+    if isinstance(name_or_path, str) and name in builtin_models():
+        if path.is_dir():
+            warnings.warn(f"'{name}' is lily's built-in model; the directory ./{name} is not used "
+                          f"(write ./{name} to load it)", LilyWarning, stacklevel=3)
+        return lily_tiny_dir() if name == "lily-tiny" else _synthetic_tiny()
     if path.is_dir():
         return path
-    if name == "lily-tiny":
-        return lily_tiny_dir()
-    if name == "synthetic:tiny":
-        return _synthetic_tiny()
     if path.exists():
         raise LilyError(f"{path}: not a directory (pass the checkpoint directory, not a file)")
     if name.count("/") != 1 or name.startswith((".", "/", "~")):

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import _lily, chat, hub
+from . import _lily, chat, hub, params
 from ._lily import LilyError
 from .tokenizer import StreamDecoder, Tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray | None
+_SMALLEST_TOP_P = 1e-6  # top_p 0 means "the most likely token only"; the sampler wants > 0 (in fp32)
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Model:
         self.tokenizer = tokenizer
         self.config: dict = engine.config
         self.eos_token_ids: list[int] = _eos_ids(directory, self.config, tokenizer)
+        for message in engine.config_warnings:
+            warnings.warn(message, params.LilyWarning, stacklevel=3)
         if tokenizer is not None:
             engine.set_token_bytes(tokenizer.token_bytes())
 
@@ -77,6 +81,8 @@ class Model:
         prefill_chunk: tokens per prefill chunk (0: the device's default, 512 on CPU and
         4096 on CUDA); memory for activations grows with it, never with the prompt.
         """
+        _check_device(device)
+        prefill_chunk = params.PREFILL_CHUNK.check(prefill_chunk)
         directory = hub.resolve(path_or_repo, revision)
         engine = _lily.Engine(str(directory), device, prefill_chunk)
         tokenizer = Tokenizer(directory) if (directory / "tokenizer.json").exists() else None
@@ -86,6 +92,8 @@ class Model:
     def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 0) -> "Model":
         """A model with random 4-bit weights for a config.json (benchmarks at full size
         without a checkpoint file); no tokenizer, so it takes token ids only."""
+        _check_device(device)
+        seed, prefill_chunk = params.WEIGHT_SEED.check(seed), params.PREFILL_CHUNK.check(prefill_chunk)
         engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)
         return cls(engine, Path(config_json).parent, None)
 
@@ -105,6 +113,9 @@ class Model:
         return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise LilyError(f"encode takes text, got {type(text).__name__}")
+        params.check_text(text, "text")
         return self._need_tokenizer().encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -120,6 +131,8 @@ class Model:
         **kwargs,
     ) -> str:
         tok = self._need_tokenizer()
+        params.check_text(messages, "messages")
+        params.check_text(tools, "tools")
         if not tok.chat_template:
             raise LilyError(f"{self.path}: the tokenizer has no chat template; pass a prompt instead of messages")
         return chat.render(
@@ -149,6 +162,7 @@ class Model:
         if prompt is None:
             return []
         if isinstance(prompt, str):
+            params.check_text(prompt, "prompt")
             return self.encode(prompt)
         ids = np.asarray(prompt)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
@@ -158,7 +172,10 @@ class Model:
     # -- running --------------------------------------------------------------------
 
     def new_session(self, max_context: int | None = None) -> "Session":
-        return Session(self, self._engine.new_session(max_context or self.max_context))
+        """A fresh session with room for max_context tokens (default: the model's context)."""
+        context = self.max_context if max_context is None else params.context_within(
+            max_context, self.max_context, "max_context")
+        return Session(self, self._engine.new_session(context))
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Teacher-forced logits [T, vocab] (float32) of a token sequence, from a fresh state."""
@@ -236,14 +253,14 @@ class Session:
         messages: list[dict] | None = None,
         tools: list[dict] | None = None,
         enable_thinking: bool | None = None,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
+        max_tokens: int = params.MAX_TOKENS.default,
+        temperature: float = params.TEMPERATURE.default,
+        top_p: float = params.TOP_P.default,
+        top_k: int = params.TOP_K.default,
+        min_p: float = params.MIN_P.default,
+        repetition_penalty: float = params.REPETITION_PENALTY.default,
+        presence_penalty: float = params.PRESENCE_PENALTY.default,
+        frequency_penalty: float = params.FREQUENCY_PENALTY.default,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] | None = None,
@@ -252,36 +269,37 @@ class Session:
     ) -> GenerationResult | Iterator[Piece]:
         """Continues the conversation: feeds the prompt (if any) and generates.
 
-        temperature 0 is greedy. stop: strings that end generation (not included in the
-        text). With stream=True, returns an iterator of Piece; its `result` attribute
-        holds the GenerationResult once the iterator is exhausted.
+        temperature 0 is greedy; every parameter's type and range are lily.params' (top_p 0
+        keeps only the most likely token, top_k 0 or -1 is off). stop: strings that end
+        generation (not included in the text). With stream=True, returns an iterator of Piece;
+        its `result` attribute holds the GenerationResult once the iterator is exhausted.
         """
-        ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise LilyError("stop must be a non-empty string or a list of them")
+        v = params.sampling_values(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, seed=seed)
+        stops = params.stop_strings(stop)
         if stops and self.model.tokenizer is None:
             raise LilyError("stop strings need a tokenizer; use stop_token_ids")
-        if int(max_tokens) < 0:
-            raise LilyError(f"max_tokens must be >= 0, got {max_tokens}")
-        if seed is not None and not (isinstance(seed, (int, np.integer)) and 0 <= int(seed) < 2**64):
-            raise LilyError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-        params = _lily.SamplingParams()
-        params.temperature = float(temperature)
-        params.top_p = float(top_p)
-        params.top_k = int(top_k)
-        params.min_p = float(min_p)
-        params.repetition_penalty = float(repetition_penalty)
-        params.presence_penalty = float(presence_penalty)
-        params.frequency_penalty = float(frequency_penalty)
-        params.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
+        extra_stop_ids = [params.TOKEN_ID.check(t, f"stop_token_ids[{i}]") for i, t in enumerate(stop_token_ids or [])]
+        ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
+        if not ids and self.position == 0:
+            raise LilyError("the prompt is empty and the session holds no tokens to continue from")
+        sampling = _lily.SamplingParams()
+        sampling.temperature = v["temperature"]
+        sampling.top_p = max(v["top_p"], _SMALLEST_TOP_P)
+        sampling.top_k = max(v["top_k"], 0)  # -1 and 0 both mean off
+        sampling.min_p = v["min_p"]
+        sampling.repetition_penalty = v["repetition_penalty"]
+        sampling.presence_penalty = v["presence_penalty"]
+        sampling.frequency_penalty = v["frequency_penalty"]
+        sampling.seed = v["seed"] if v["seed"] is not None else int(np.random.SeedSequence().entropy % (1 << 63))
         if self.model.tokenizer is not None:
-            params.vocab_limit = min(self.model.tokenizer.vocab_size, int(self.model.config["vocab_size"]))
-        _lily.check_sampling(params)  # before the prompt touches the session
-        stop_ids = [] if ignore_eos else list(self.model.eos_token_ids)
-        stop_ids += [int(t) for t in stop_token_ids or []]
+            sampling.vocab_limit = min(self.model.tokenizer.vocab_size, int(self.model.config["vocab_size"]))
+        _lily.check_sampling(sampling)  # before the prompt touches the session
+        stop_ids = ([] if ignore_eos else list(self.model.eos_token_ids)) + extra_stop_ids
 
-        run = _Run(self, ids, int(max_tokens), params, stop_ids, stops)
+        run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops)
         return run if stream else run.collect()
 
 
@@ -375,6 +393,11 @@ class _Run:
     def cancel(self) -> None:
         """Stops generation now; the session keeps every token generated so far."""
         self._stream.cancel()
+
+
+def _check_device(device) -> None:
+    if not isinstance(device, str):
+        raise LilyError(f"device must be a string ('auto', 'cpu', 'cuda' or 'cuda:N'), got {device!r}")
 
 
 def _as_tokens(ids) -> np.ndarray:

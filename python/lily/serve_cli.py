@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from . import params
 from .cli import _add_model_args
 
 
@@ -14,15 +15,18 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     _add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=params.PORT.parse, default=params.PORT.default,
+                   help=f"{params.PORT.help} (default: {params.PORT.default})")
     p.add_argument("--api-key", default=os.environ.get("LILY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $LILY_API_KEY, else none)")
     p.add_argument("--model-name", default=None, help="name served in /v1/models (default: the directory name)")
-    p.add_argument("--context", type=int, default=None, help="context tokens per request (default: the model's)")
-    p.add_argument("--cache-mb", type=int, default=4096, help="prefix cache budget in MiB (default: 4096; 0: off)")
-    p.add_argument("--max-queue", type=int, default=32, help="requests that may wait; more get 503 (default: 32)")
-    p.add_argument("--max-tokens-limit", type=int, default=None,
-                   help="upper bound on tokens generated per request (default: the context)")
+    p.add_argument("--context", type=params.CONTEXT.parse, default=None, help=params.CONTEXT.help)
+    p.add_argument("--cache-mb", type=params.CACHE_MB.parse, default=4096,
+                   help=f"{params.CACHE_MB.help} (default: 4096)")
+    p.add_argument("--max-queue", type=params.MAX_QUEUE.parse, default=params.MAX_QUEUE.default,
+                   help=f"{params.MAX_QUEUE.help} (default: {params.MAX_QUEUE.default})")
+    p.add_argument("--max-tokens-limit", type=params.MAX_TOKENS_LIMIT.parse, default=None,
+                   help=params.MAX_TOKENS_LIMIT.help)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -38,13 +42,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .model import Model
 
-    for flag, value in (("--port", args.port), ("--max-queue", args.max_queue)):
-        if value < 0:
-            print(f"lily serve: {flag} must be >= 0", file=sys.stderr)
-            return 2
     model = Model.load(args.model, device=args.device)
     config = ServerConfig(model_name=args.model_name, aliases=(args.model,), api_key=args.api_key,
-                          context=args.context, cache_bytes=max(args.cache_mb, 0) << 20,
+                          context=args.context, cache_bytes=args.cache_mb << 20,
                           max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit)
     app = create_app(model, config)
     handler = logging.StreamHandler()

@@ -15,9 +15,11 @@ Qwen3.5/3.6 write (docs MODEL.md §6.2):
 The generation prompt usually opens the `<think>` block itself, so whether the output starts
 inside reasoning is decided by the prompt. `AssistantStream` takes text piece by piece (as a
 stream decodes it) and hands back what each piece completes; parsing a whole reply is the
-same thing fed in one piece, so streamed and non-streamed answers always agree. Nothing is
-dropped: text that is not a well-formed call stays in the channel where it appeared (except in
-a block the server forced open, which is a call whatever the model wrote in it).
+same thing fed in one piece, so streamed and non-streamed answers always agree. Nothing the
+model wrote is dropped or changed but the markers, with the line breaks the chat template
+writes around them: text that is not a well-formed call stays, as written, in the channel
+where it appeared (except in a block the server forced open, which is a call whatever the
+model wrote in it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from dataclasses import dataclass, field
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+# The line breaks the chat template writes before and after each marker ("reasoning\n</think>\n\n",
+# "content\n\n<tool_call>…</tool_call>\n<tool_call>…"): they are the marker's, so a reply sent
+# back through the template is what the model wrote. Any other whitespace is the text's own.
+_BREAKS_BEFORE = {THINK_OPEN: 0, THINK_CLOSE: 1, CALL_OPEN: 2, CALL_CLOSE: 0}
+_BREAKS_AFTER = {THINK_OPEN: 1, THINK_CLOSE: 2, CALL_OPEN: 0, CALL_CLOSE: 1}
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
@@ -103,23 +111,37 @@ def render_tool_call(name: str, arguments: dict) -> str:
 
 
 class _Channel:
-    """One output channel with its surrounding whitespace trimmed, piece by piece: leading
-    whitespace is dropped, trailing whitespace is held until more text follows it."""
+    """One output channel's text as written, less the line breaks that belong to a marker: up
+    to `after_marker(n)` of them right after one, and the next marker's share right before
+    it. Trailing line breaks are held until what follows them says whose they are."""
 
     def __init__(self):
-        self._started = False
-        self._held = ""
+        self._held = ""  # trailing line breaks not released yet
+        self._skip = 0  # line breaks still to drop after a marker
 
-    def write(self, text: str) -> str:
-        if not self._started:
-            text = text.lstrip()
-            if not text:
-                return ""
-            self._started = True
+    def after_marker(self, breaks: int) -> None:
+        self._skip = breaks
+
+    def write(self, text: str, hold: int) -> str:
+        """Appends text; returns what may be shown, holding up to `hold` trailing line breaks."""
+        while self._skip and text.startswith("\n"):
+            text, self._skip = text[1:], self._skip - 1
+        if text:
+            self._skip = 0
         text = self._held + text
-        body = text.rstrip()
-        self._held = text[len(body):]
-        return body
+        keep = min(hold, len(text) - len(text.rstrip("\n")))
+        self._held = text[len(text) - keep:]
+        return text[: len(text) - keep]
+
+    def before_marker(self, breaks: int) -> tuple[str, str]:
+        """A marker follows: (the held line breaks it leaves to the text, those it takes)."""
+        held, self._held = self._held, ""
+        taken = min(breaks, len(held))
+        return held[: len(held) - taken], held[len(held) - taken:]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
 
 
 class AssistantStream:
@@ -140,6 +162,7 @@ class AssistantStream:
         self._parse_closed = parse_forced_call_block if forced else parse_tool_call_block
         self._buf = ""  # text not yet assigned: a possible marker start, or an open call block
         self._channels = {"reasoning": _Channel(), "content": _Channel()}
+        self._call_breaks = ""  # the line breaks an open call block took, given back if it is no call
         self.tool_calls: list[ToolCall] = []
 
     def _markers(self) -> dict[str, str]:
@@ -165,8 +188,12 @@ class AssistantStream:
                 self._close_call(before, out)
             else:
                 self._emit(before, out)
+                kept, taken = self._channels[self._state].before_marker(_BREAKS_BEFORE[marker])
+                self._put(kept, out)
                 if markers[marker] == "call":
-                    self._return_to = self._state
+                    self._return_to, self._call_breaks = self._state, taken
+                else:
+                    self._channels[markers[marker]].after_marker(_BREAKS_AFTER[marker])
                 self._state = markers[marker]
         if self._state != "call":  # release all but a possible marker start
             keep = _longest_marker_prefix_at_end(self._buf, markers)
@@ -182,6 +209,7 @@ class AssistantStream:
         else:
             self._emit(self._buf, out)
         self._buf = ""
+        self._put(self._channels[self._state].flush(), out)
         return out
 
     def _close_call(self, block: str, out: Delta, closed: bool = True) -> None:
@@ -191,11 +219,17 @@ class AssistantStream:
         if calls:
             self.tool_calls += calls
             out.tool_calls += calls
-        else:  # not a call after all: the text stays where it appeared
-            self._emit(CALL_OPEN + block + (CALL_CLOSE if closed else ""), out)
+            if closed:
+                self._channels[self._state].after_marker(_BREAKS_AFTER[CALL_CLOSE])
+        else:  # not a call after all: the text stays where and as it appeared
+            self._emit(self._call_breaks + CALL_OPEN + block + (CALL_CLOSE if closed else ""), out)
 
     def _emit(self, text: str, out: Delta) -> None:
-        setattr(out, self._state, getattr(out, self._state) + self._channels[self._state].write(text))
+        hold = max(_BREAKS_BEFORE[m] for m in self._markers())
+        self._put(self._channels[self._state].write(text, hold), out)
+
+    def _put(self, text: str, out: Delta) -> None:
+        setattr(out, self._state, getattr(out, self._state) + text)
 
 
 def parse_assistant_output(text: str, *, in_reasoning: bool = False, parse_tools: bool = False,

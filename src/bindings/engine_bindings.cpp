@@ -344,6 +344,7 @@ class PyEngine {
     return d;
   }
 
+  std::vector<std::string> config_warnings() const { return state_->weights->config.warnings; }
   std::string device() const { return state_->executor->device_name(); }
   std::string prefill_route() const { return state_->executor->prefill_route(); }
   std::string source_layout() const { return state_->weights->source_layout; }
@@ -410,6 +411,7 @@ void register_engine(nb::module_& m) {
       .def("clone", &PyEngine::clone, nb::arg("session"), nb::arg("capacity") = 0)
       .def("restore", &PyEngine::restore)
       .def_prop_ro("config", &PyEngine::config)
+      .def_prop_ro("config_warnings", &PyEngine::config_warnings)
       .def_prop_ro("device", &PyEngine::device)
       .def_prop_ro("prefill_route", &PyEngine::prefill_route)
       .def_prop_ro("source_layout", &PyEngine::source_layout)

@@ -1,6 +1,8 @@
 #include "config.h"
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "error.h"
@@ -9,20 +11,36 @@
 namespace lily {
 namespace {
 
+// The fields a Reader looked up, and the optional ones it found absent (their default used).
+struct Consulted {
+  std::set<std::string> read;
+  std::vector<std::string> defaulted;
+};
+
 struct Reader {
   const Json& obj;
   const std::string& path;
   std::string scope;  // "text_config." or ""
+  Consulted* seen = nullptr;
 
   [[noreturn]] void bad(const std::string& field, const std::string& why) const {
     fail(path, ": field '", scope, field, "' ", why);
   }
-  const Json* get(const char* field) const { return obj.find(field); }
+  const Json* get(const char* field) const {
+    if (seen) seen->read.insert(field);
+    return obj.find(field);
+  }
+  void defaulted(const char* field) const {
+    if (seen) seen->defaulted.push_back(field);
+  }
 
   int64_t integer(const char* field, int64_t min_value, const int64_t* fallback = nullptr) const {
     const Json* v = get(field);
     if (!v || v->is_null()) {
-      if (fallback) return *fallback;
+      if (fallback) {
+        defaulted(field);
+        return *fallback;
+      }
       bad(field, "is missing");
     }
     if (!v->is_integer()) bad(field, "must be an integer");
@@ -31,13 +49,19 @@ struct Reader {
   }
   double number(const char* field, double fallback) const {
     const Json* v = get(field);
-    if (!v || v->is_null()) return fallback;
+    if (!v || v->is_null()) {
+      defaulted(field);
+      return fallback;
+    }
     if (!v->is_number()) bad(field, "must be a number");
     return v->as_number();
   }
   bool boolean(const char* field, bool fallback) const {
     const Json* v = get(field);
-    if (!v || v->is_null()) return fallback;
+    if (!v || v->is_null()) {
+      defaulted(field);
+      return fallback;
+    }
     if (!v->is_bool()) bad(field, "must be true or false");
     return v->as_bool();
   }
@@ -78,6 +102,40 @@ QuantSpec read_quant_spec(const Json& q, const std::string& path, const std::str
   return s;
 }
 
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A field lily does not read that looks like a misspelt optional one left at its default
+// ("rms_norm_epsilon" for "rms_norm_eps"): a typo there would change the model silently.
+std::vector<std::string> typo_warnings(const Json& obj, const Reader& r, const Consulted& seen) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : obj.members()) {
+    if (seen.read.count(key)) continue;
+    for (const std::string& field : seen.defaulted) {
+      const bool prefix = std::min(key.size(), field.size()) >= 6 &&
+                          (key.rfind(field, 0) == 0 || field.rfind(key, 0) == 0);
+      if (prefix || (key.size() >= 6 && edit_distance(key, field) <= 2)) {
+        out.push_back(r.path + ": field '" + r.scope + key + "' is not one lily reads; did you mean '" + field +
+                      "'? (it is not set, so lily uses its default)");
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int ModelConfig::num_full_layers() const {
@@ -106,7 +164,10 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
                                                  tm->as_string() != "qwen3_5_moe")
       fail(path, ": field 'text_config.model_type' is '", tm->as_string(), "'; expected 'qwen3_5_moe_text'");
   }
-  Reader r{t, path, text ? "text_config." : ""};
+  Consulted seen;
+  for (const char* field : {"model_type", "text_config", "quantization", "quantization_config"})
+    seen.read.insert(field);  // read from the root
+  Reader r{t, path, text ? "text_config." : "", &seen};
 
   c.hidden_size = r.integer("hidden_size", 1);
   c.num_hidden_layers = r.integer("num_hidden_layers", 1);
@@ -128,7 +189,7 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
   // RoPE: rope_parameters (new style) or top-level rope_theta / partial_rotary_factor.
   c.rope_theta = r.number("rope_theta", 1e7);
   c.partial_rotary_factor = r.number("partial_rotary_factor", 0.25);
-  if (const Json* rp = t.find("rope_parameters"); rp && !rp->is_null()) {
+  if (const Json* rp = r.get("rope_parameters"); rp && !rp->is_null()) {
     if (!rp->is_object()) r.bad("rope_parameters", "must be an object");
     Reader rr{*rp, path, r.scope + "rope_parameters."};
     const Json* type = rp->find("rope_type");
@@ -164,7 +225,7 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
   c.norm_topk_prob = r.boolean("norm_topk_prob", true);
 
   // Layer kinds: layer_types wins; else every full_attention_interval-th layer is full.
-  if (const Json* lt = t.find("layer_types"); lt && !lt->is_null()) {
+  if (const Json* lt = r.get("layer_types"); lt && !lt->is_null()) {
     if (!lt->is_array() || static_cast<int64_t>(lt->items().size()) != c.num_hidden_layers)
       r.bad("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) + ") entries");
     for (const Json& k : lt->items()) {
@@ -179,9 +240,9 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
       c.layer_kinds.push_back((i + 1) % interval == 0 ? LayerKind::Full : LayerKind::Linear);
   }
 
-  add_ids(t.find("eos_token_id"), c.eos_token_ids, r, "eos_token_id");
+  add_ids(r.get("eos_token_id"), c.eos_token_ids, r, "eos_token_id");
   add_ids(root.find("eos_token_id"), c.eos_token_ids, Reader{root, path, ""}, "eos_token_id");
-  if (const Json* b = t.find("bos_token_id"); b && b->is_integer()) c.bos_token_id = b->as_int();
+  if (const Json* b = r.get("bos_token_id"); b && b->is_integer()) c.bos_token_id = b->as_int();
 
   const Json* q = root.find("quantization");
   if (!q || q->is_null()) q = root.find("quantization_config");
@@ -195,6 +256,7 @@ ModelConfig ModelConfig::from_json(const Json& root, const std::string& path) {
       else if (!value.is_bool()) fail(path, ": field 'quantization.", key, "' must be an object or a boolean");
     }
   }
+  c.warnings = typo_warnings(t, r, seen);
   return c;
 }
 

@@ -56,6 +56,8 @@ struct ModelConfig {
   QuantSpec quant;                             // default spec
   std::map<std::string, QuantSpec> quant_overrides;  // module path -> spec
 
+  std::vector<std::string> warnings;  // fields that look like misspelt optional ones
+
   static ModelConfig from_json(const Json& root, const std::string& path);
   static ModelConfig from_file(const std::string& path);
 

@@ -48,6 +48,10 @@ std::string canonical_name(const std::string& name, bool& is_mlx) {
   return rest;
 }
 
+// Derived sizes, in config.json's fields (for messages).
+const std::string kValueDim = "linear_num_value_heads * linear_value_head_dim";
+const std::string kConvDim = "2 * linear_num_key_heads * linear_key_head_dim + " + kValueDim;
+
 float read_float(const TensorView& t, int64_t i) {
   switch (t.dtype) {
     case DType::F32: { float f; std::memcpy(&f, t.data + 4 * i, 4); return f; }
@@ -83,9 +87,9 @@ class Loader {
   void load() {
     const ModelConfig& c = w_.config;
     const int64_t H = c.hidden_size, V = c.vocab_size;
-    w_.embed = linear("embed_tokens", 0, V, H, false);
-    w_.lm_head = c.tie_word_embeddings ? w_.embed : linear("lm_head", 0, V, H, false);
-    w_.final_norm = dense("norm.weight", {H}, true, true);
+    w_.embed = linear("embed_tokens", 0, V, H, "[vocab_size, hidden_size]");
+    w_.lm_head = c.tie_word_embeddings ? w_.embed : linear("lm_head", 0, V, H, "[vocab_size, hidden_size]");
+    w_.final_norm = dense("norm.weight", {H}, "[hidden_size]", true, true);
     w_.layers.resize(c.num_hidden_layers);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) load_layer(i);
     check_all_consumed();
@@ -112,12 +116,16 @@ class Loader {
   [[noreturn]] static void bad(const TensorView& t, const std::string& why) {
     fail(t.file, ": tensor '", t.name, "' ", why);
   }
-  static void expect_shape(const TensorView& t, const std::vector<int64_t>& shape) {
-    if (t.shape != shape) {
-      TensorView want;
-      want.shape = shape;
-      bad(t, "has shape " + t.shape_str() + ", expected " + want.shape_str());
-    }
+  static std::string shape_str(const std::vector<int64_t>& shape) {
+    TensorView t;
+    t.shape = shape;
+    return t.shape_str();
+  }
+  // `dims` names the expected shape in config.json's terms ("[vocab_size, hidden_size]"), so a
+  // config that disagrees with the tensors says which field to look at.
+  static void expect_shape(const TensorView& t, const std::vector<int64_t>& shape, const std::string& dims) {
+    if (t.shape != shape)
+      bad(t, "has shape " + t.shape_str() + ", expected " + shape_str(shape) + " (" + dims + " in config.json)");
   }
   static void expect_float(const TensorView& t) {
     if (t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F32)
@@ -155,8 +163,15 @@ class Loader {
     return is_gate_module(module) ? opts_.gate_quant : opts_.default_quant;
   }
 
+  static bool supported(const QuantSpec& s) {
+    return (s.bits == 4 || s.bits == 8) && (s.group_size == 32 || s.group_size == 64 || s.group_size == 128);
+  }
+
   // Quantized tensors as stored: weight U32 [.., N, K*b/32], scales/biases BF16 [.., N, K/g].
-  QWeight quantized(const std::string& module, const TensorView& wt, int64_t E, int64_t N, int64_t K) {
+  // The shapes config.json implies are checked as in the float layout; a bit width or group
+  // size that differs from the config's (same matrix) is named as such.
+  QWeight quantized(const std::string& module, const TensorView& wt, int64_t E, int64_t N, int64_t K,
+                    const std::string& dims) {
     const TensorView& st = need(module + ".scales");
     const TensorView* bt = find(module + ".biases");
     if (!bt) fail(st.file, ": tensor '", module, ".biases' is missing (lily reads the affine mode only)");
@@ -165,28 +180,38 @@ class Loader {
       if (t->dtype != DType::BF16) bad(*t, std::string("has dtype ") + dtype_name(t->dtype) + ", expected BF16");
     const size_t nd = E ? 3 : 2;
     if (wt.shape.size() != nd || st.shape.size() != nd) bad(wt, "has the wrong number of dimensions");
+    std::vector<int64_t> lead = E ? std::vector<int64_t>{E, N} : std::vector<int64_t>{N};
+    auto with = [&](int64_t last) { auto s = lead; s.push_back(last); return s; };
     const int64_t words = wt.shape.back(), groups = st.shape.back();
-    if (words <= 0 || groups <= 0 || (words * 32) % K || K % groups)
-      bad(wt, "has shape " + wt.shape_str() + " that does not fit the input size " + std::to_string(K));
+    const bool whole = words > 0 && groups > 0 && (words * 32) % K == 0 && K % groups == 0;
+    const QuantSpec stored{whole ? static_cast<int>(K / groups) : 0, whole ? static_cast<int>(words * 32 / K) : 0};
+    QuantSpec want;
+    if (!config_spec(module, want)) {  // no quantization block: the stored codes decide
+      if (!whole) bad(wt, "has shape " + wt.shape_str() + " that does not fit the input size " + std::to_string(K));
+      if (stored.bits != 4 && stored.bits != 8)
+        bad(wt, "holds " + std::to_string(stored.bits) + "-bit codes; lily supports 4 and 8");
+      if (!supported(stored))
+        bad(st, "implies group size " + std::to_string(stored.group_size) + "; lily supports 32, 64 and 128");
+      want = stored;
+    } else if (supported(stored) && (stored.bits != want.bits || stored.group_size != want.group_size) &&
+               std::equal(lead.begin(), lead.end(), wt.shape.begin()) && st.shape == with(groups)) {
+      bad(wt, "is " + std::to_string(stored.bits) + "-bit with group " + std::to_string(stored.group_size) +
+                  " but config.json's quantization block says " + std::to_string(want.bits) + "-bit, group " +
+                  std::to_string(want.group_size));
+    }
+    if (K % want.group_size)
+      fail(wt.file, ": '", module, "' input size ", std::to_string(K), " (", dims,
+           " in config.json) is not a multiple of the quantization group size ", std::to_string(want.group_size));
+    const std::string matrix = shape_str(E ? std::vector<int64_t>{E, N, K} : std::vector<int64_t>{N, K});
+    expect_shape(wt, with(K * want.bits / 32), std::to_string(want.bits) + "-bit codes of " + matrix + " = " + dims);
+    expect_shape(st, with(K / want.group_size), "group-" + std::to_string(want.group_size) + " scales of " + dims);
+    expect_shape(*bt, with(K / want.group_size), "group-" + std::to_string(want.group_size) + " biases of " + dims);
     QWeight q;
     q.experts = E ? E : 1;
     q.rows = N;
     q.cols = K;
-    q.bits = static_cast<int>(words * 32 / K);
-    q.group_size = static_cast<int>(K / groups);
-    std::vector<int64_t> lead = E ? std::vector<int64_t>{E, N} : std::vector<int64_t>{N};
-    auto with = [&](int64_t last) { auto s = lead; s.push_back(last); return s; };
-    expect_shape(wt, with(words));
-    expect_shape(st, with(groups));
-    expect_shape(*bt, with(groups));
-    if (q.bits != 4 && q.bits != 8) bad(wt, "holds " + std::to_string(q.bits) + "-bit codes; lily supports 4 and 8");
-    if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
-      bad(st, "implies group size " + std::to_string(q.group_size) + "; lily supports 32, 64 and 128");
-    QuantSpec want;
-    if (config_spec(module, want) && (want.bits != q.bits || want.group_size != q.group_size))
-      bad(wt, "is " + std::to_string(q.bits) + "-bit with group " + std::to_string(q.group_size) +
-                  " but config.json's quantization block says " + std::to_string(want.bits) + "-bit, group " +
-                  std::to_string(want.group_size));
+    q.bits = want.bits;
+    q.group_size = want.group_size;
     q.codes = reinterpret_cast<const uint32_t*>(wt.data);
     q.scales = reinterpret_cast<const uint16_t*>(st.data);
     q.biases = reinterpret_cast<const uint16_t*>(bt->data);
@@ -224,20 +249,21 @@ class Loader {
     return q;
   }
 
-  // A linear module [N, K] (E == 0) or expert stack [E, N, K], quantized or float.
-  QWeight linear(const std::string& module, int64_t E, int64_t N, int64_t K, bool) {
+  // A linear module [N, K] (E == 0) or expert stack [E, N, K], quantized or float; `dims` names
+  // its shape in config.json's fields.
+  QWeight linear(const std::string& module, int64_t E, int64_t N, int64_t K, const std::string& dims) {
     const TensorView& wt = need(module + ".weight");
-    if (by_canon_.count(module + ".scales")) return quantized(module, wt, E, N, K);
+    if (by_canon_.count(module + ".scales")) return quantized(module, wt, E, N, K, dims);
     expect_float(wt);
-    expect_shape(wt, E ? std::vector<int64_t>{E, N, K} : std::vector<int64_t>{N, K});
+    expect_shape(wt, E ? std::vector<int64_t>{E, N, K} : std::vector<int64_t>{N, K}, dims);
     return quantize_rows(module, {&wt}, {0, N}, E, N, K);
   }
 
-  Dense dense(const std::string& canon, const std::vector<int64_t>& shape, bool cast_bf16, bool is_norm) {
+  Dense dense(const std::string& canon, const std::vector<int64_t>& shape, const std::string& dims, bool cast_bf16,
+              bool is_norm) {
     const TensorView& t = need(canon);
     expect_float(t);
-    if (t.numel() != [&] { int64_t n = 1; for (auto d : shape) n *= d; return n; }())
-      expect_shape(t, shape);
+    expect_shape(t, shape, dims);
     Dense d;
     d.shape = t.shape;
     d.dtype = cast_bf16 ? DType::BF16 : (t.dtype == DType::BF16 ? DType::BF16 : DType::F32);
@@ -257,36 +283,36 @@ class Loader {
     const std::string p = "layers." + std::to_string(i) + ".";
     LayerWeights& L = w_.layers[i];
     L.kind = c.layer_kinds[i];
-    L.input_norm = dense(p + "input_layernorm.weight", {H}, true, true);
-    L.post_norm = dense(p + "post_attention_layernorm.weight", {H}, true, true);
+    L.input_norm = dense(p + "input_layernorm.weight", {H}, "[hidden_size]", true, true);
+    L.post_norm = dense(p + "post_attention_layernorm.weight", {H}, "[hidden_size]", true, true);
     if (L.kind == LayerKind::Linear) {
       const std::string a = p + "linear_attn.";
       const int64_t conv = c.gdn_conv_dim(), Hv = c.linear_num_value_heads, vdim = c.gdn_value_dim();
       GdnWeights& g = L.gdn;
-      g.in_proj_qkv = linear(a + "in_proj_qkv", 0, conv, H, false);
-      g.in_proj_z = linear(a + "in_proj_z", 0, vdim, H, false);
-      g.in_proj_b = linear(a + "in_proj_b", 0, Hv, H, false);
-      g.in_proj_a = linear(a + "in_proj_a", 0, Hv, H, false);
-      g.out_proj = linear(a + "out_proj", 0, H, vdim, false);
+      g.in_proj_qkv = linear(a + "in_proj_qkv", 0, conv, H, "[" + kConvDim + ", hidden_size]");
+      g.in_proj_z = linear(a + "in_proj_z", 0, vdim, H, "[" + kValueDim + ", hidden_size]");
+      g.in_proj_b = linear(a + "in_proj_b", 0, Hv, H, "[linear_num_value_heads, hidden_size]");
+      g.in_proj_a = linear(a + "in_proj_a", 0, Hv, H, "[linear_num_value_heads, hidden_size]");
+      g.out_proj = linear(a + "out_proj", 0, H, vdim, "[hidden_size, " + kValueDim + "]");
       const TensorView& cw = need(a + "conv1d.weight");
       const int64_t Kc = c.linear_conv_kernel_dim;
       if (cw.shape != std::vector<int64_t>{conv, Kc, 1} && cw.shape != std::vector<int64_t>{conv, 1, Kc})
         bad(cw, "has shape " + cw.shape_str() + ", expected [" + std::to_string(conv) + ", " + std::to_string(Kc) +
                     ", 1] (MLX) or [" + std::to_string(conv) + ", 1, " + std::to_string(Kc) + "] (HF)");
-      g.conv1d = dense(a + "conv1d.weight", {conv, Kc, 1}, true, false);
+      g.conv1d = dense(a + "conv1d.weight", cw.shape, "[" + kConvDim + ", linear_conv_kernel_dim]", true, false);
       g.conv1d.shape = {conv, Kc, 1};  // same memory order in both layouts
-      g.dt_bias = dense(a + "dt_bias", {Hv}, true, false);
-      g.A_log = dense(a + "A_log", {Hv}, false, false);
-      g.norm = dense(a + "norm.weight", {c.linear_value_head_dim}, true, false);
+      g.dt_bias = dense(a + "dt_bias", {Hv}, "[linear_num_value_heads]", true, false);
+      g.A_log = dense(a + "A_log", {Hv}, "[linear_num_value_heads]", false, false);
+      g.norm = dense(a + "norm.weight", {c.linear_value_head_dim}, "[linear_value_head_dim]", true, false);
     } else {
       const std::string a = p + "self_attn.";
       AttnWeights& t = L.attn;
-      t.q_proj = linear(a + "q_proj", 0, 2 * c.attn_q_dim(), H, false);
-      t.k_proj = linear(a + "k_proj", 0, c.attn_kv_dim(), H, false);
-      t.v_proj = linear(a + "v_proj", 0, c.attn_kv_dim(), H, false);
-      t.o_proj = linear(a + "o_proj", 0, H, c.attn_q_dim(), false);
-      t.q_norm = dense(a + "q_norm.weight", {c.head_dim}, true, true);
-      t.k_norm = dense(a + "k_norm.weight", {c.head_dim}, true, true);
+      t.q_proj = linear(a + "q_proj", 0, 2 * c.attn_q_dim(), H, "[2 * num_attention_heads * head_dim, hidden_size]");
+      t.k_proj = linear(a + "k_proj", 0, c.attn_kv_dim(), H, "[num_key_value_heads * head_dim, hidden_size]");
+      t.v_proj = linear(a + "v_proj", 0, c.attn_kv_dim(), H, "[num_key_value_heads * head_dim, hidden_size]");
+      t.o_proj = linear(a + "o_proj", 0, H, c.attn_q_dim(), "[hidden_size, num_attention_heads * head_dim]");
+      t.q_norm = dense(a + "q_norm.weight", {c.head_dim}, "[head_dim]", true, true);
+      t.k_norm = dense(a + "k_norm.weight", {c.head_dim}, "[head_dim]", true, true);
     }
     load_moe(p + "mlp.", L.moe);
   }
@@ -295,24 +321,28 @@ class Loader {
     const ModelConfig& c = w_.config;
     const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size,
                   Is = c.shared_expert_intermediate_size;
-    moe.router = linear(m + "gate", 0, E, H, true);
-    moe.shared_expert_gate = linear(m + "shared_expert_gate", 0, 1, H, true);
-    moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 0, Is, H, false);
-    moe.shared_up_proj = linear(m + "shared_expert.up_proj", 0, Is, H, false);
-    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 0, H, Is, false);
+    const std::string in_h = "[num_experts, moe_intermediate_size, hidden_size]",
+                      in_i = "[num_experts, hidden_size, moe_intermediate_size]";
+    moe.router = linear(m + "gate", 0, E, H, "[num_experts, hidden_size]");
+    moe.shared_expert_gate = linear(m + "shared_expert_gate", 0, 1, H, "[1, hidden_size]");
+    const std::string shared_in = "[shared_expert_intermediate_size, hidden_size]",
+                      shared_out = "[hidden_size, shared_expert_intermediate_size]";
+    moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 0, Is, H, shared_in);
+    moe.shared_up_proj = linear(m + "shared_expert.up_proj", 0, Is, H, shared_in);
+    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 0, H, Is, shared_out);
 
     const std::string sw = m + "switch_mlp.";
     if (by_canon_.count(sw + "gate_proj.weight")) {  // MLX layout (quantized or not)
-      moe.gate_proj = linear(sw + "gate_proj", E, I, H, false);
-      moe.up_proj = linear(sw + "up_proj", E, I, H, false);
-      moe.down_proj = linear(sw + "down_proj", E, H, I, false);
+      moe.gate_proj = linear(sw + "gate_proj", E, I, H, in_h);
+      moe.up_proj = linear(sw + "up_proj", E, I, H, in_h);
+      moe.down_proj = linear(sw + "down_proj", E, H, I, in_i);
     } else if (by_canon_.count(m + "experts.gate_up_proj")) {  // HF fused 3-D
       const TensorView& gu = need(m + "experts.gate_up_proj");
       const TensorView& dn = need(m + "experts.down_proj");
       expect_float(gu);
       expect_float(dn);
-      expect_shape(gu, {E, 2 * I, H});
-      expect_shape(dn, {E, H, I});
+      expect_shape(gu, {E, 2 * I, H}, "[num_experts, 2 * moe_intermediate_size, hidden_size]");
+      expect_shape(dn, {E, H, I}, in_i);
       moe.gate_proj = quantize_rows(sw + "gate_proj", {&gu}, {0, 2 * I}, E, I, H);
       moe.up_proj = quantize_rows(sw + "up_proj", {&gu}, {I, 2 * I}, E, I, H);
       moe.down_proj = quantize_rows(sw + "down_proj", {&dn}, {0, H}, E, H, I);
@@ -324,7 +354,8 @@ class Loader {
         for (int64_t e = 0; e < E; ++e) {
           const TensorView& t = need(m + "experts." + std::to_string(e) + "." + proj + ".weight");
           expect_float(t);
-          expect_shape(t, {N, K});
+          expect_shape(t, {N, K},
+                       down ? "[hidden_size, moe_intermediate_size]" : "[moe_intermediate_size, hidden_size]");
           parts.push_back(&t);
         }
         QWeight q = quantize_rows(sw + proj, parts, {0, N}, E, N, K);

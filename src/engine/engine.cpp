@@ -16,22 +16,31 @@ std::vector<std::string> available_devices() {
   return d;
 }
 
+// "cuda:N" -> N; "cuda" -> 0. Messages name the device as the caller wrote it.
+int cuda_index(const std::string& device) {
+  if (device == "cuda") return 0;
+  const std::string n = device.substr(5);
+  if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
+    fail("device '", device, "': expected 'cuda' or 'cuda:N' with N a device number");
+  return std::stoi(n);
+}
+
 std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weights, const std::string& device) {
   if (device == "cpu") return make_cpu_executor(std::move(weights));
   const bool want_cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
+  if (!want_cuda && device != "auto") fail("device '", device, "' is unknown; use 'auto', 'cpu', 'cuda' or 'cuda:N'");
+  const int index = want_cuda ? cuda_index(device) : 0;
 #ifdef LILY_HAS_CUDA
-  if (want_cuda || device == "auto") {
-    if (cuda_device_count() > 0) {
-      int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
-      return make_cuda_executor(std::move(weights), index);
-    }
-    if (want_cuda) fail("device 'cuda': no CUDA device is visible");
-  }
+  const int count = cuda_device_count();
+  if (index < count) return make_cuda_executor(std::move(weights), index);
+  if (want_cuda)
+    fail("device '", device, "': ",
+         count == 0 ? std::string("no CUDA device is visible")
+                    : std::to_string(count) + " CUDA device(s) visible, cuda:0 to cuda:" + std::to_string(count - 1));
 #else
   if (want_cuda) fail("device '", device, "': this build of lily has no CUDA executor (built without nvcc)");
 #endif
-  if (device == "auto") return make_cpu_executor(std::move(weights));
-  fail("device '", device, "' is unknown; use 'auto', 'cpu' or 'cuda'");
+  return make_cpu_executor(std::move(weights));
 }
 
 }  // namespace lily

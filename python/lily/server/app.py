@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from .. import params
 from .._lily import LilyError
 from . import errors
 from .errors import APIError, bad_request
@@ -28,17 +30,28 @@ class ServerConfig:
     api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
     context: int | None = None  # session context in tokens (default: the model's)
     cache_bytes: int = 4 << 30  # prefix cache budget
-    max_queue: int = 32  # requests that may wait; more get 503
-    max_tokens_limit: int | None = None  # upper bound on generated tokens per request
+    max_queue: int = params.MAX_QUEUE.default  # requests that may wait; more get 503
+    max_tokens_limit: int | None = None  # upper bound on generated tokens per request (a larger request: 400)
+
+    def check(self, model_context: int) -> None:
+        """LilyError naming the setting that breaks lily.params' rules (the CLI's flags too)."""
+        if self.context is not None:
+            params.context_within(self.context, model_context)
+        if self.max_tokens_limit is not None:
+            params.MAX_TOKENS_LIMIT.check(self.max_tokens_limit)
+        params.MAX_QUEUE.check(self.max_queue)
+        params.CACHE_BYTES.check(self.cache_bytes)
 
 
 def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
+    config.check(model.max_context)
     name = config.model_name or model.path.name
     names = {name, *config.aliases}
-    context = min(config.context or model.max_context, model.max_context)
-    limit = config.max_tokens_limit or context
+    context = config.context or model.max_context
+    limit = config.max_tokens_limit
     defaults = Defaults.from_checkpoint(model.path)
+    started = int(time.time())
     worker = Worker(model, context=context, cache_bytes=config.cache_bytes, max_queue=config.max_queue)
 
     @asynccontextmanager
@@ -49,7 +62,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     app = FastAPI(title="lily", summary="OpenAI-compatible API for one local Qwen3.5/3.6 model",
                   version=__import__("lily").__version__, lifespan=lifespan)
     app.state.worker = worker
-    errors.install(app)
+    errors.install(app, worker.count_failure)
     auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []
 
     def check_model(requested: str) -> None:
@@ -58,7 +71,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
                            param="model", code="model_not_found")
 
     def model_card() -> dict:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "lily", "max_model_len": context}
+        return {"id": name, "object": "model", "created": started, "owned_by": "lily", "max_model_len": context}
 
     @app.get("/health", summary="liveness, queue and cache counters")
     async def health():
@@ -77,7 +90,8 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         worker.admit()
         job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced)
         if stream:
-            return StreamingResponse(reply.stream(worker.generate(job)), media_type="text/event-stream",
+            return StreamingResponse(reply.stream(worker.generate(job), worker.count_failure),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         result = await _unless_disconnected(request, _collect(worker.generate(job)))
         if result is None:  # the client left; its job is cancelled
@@ -109,7 +123,7 @@ def _api_key_check(key: str):
     async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
         if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key.encode()):
             raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                           code="invalid_api_key")
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     return check
 

@@ -17,16 +17,18 @@ _TYPES = {401: "authentication_error", 404: "invalid_request_error", 503: "serve
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         kind = _TYPES.get(self.status, "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -86,11 +88,16 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     param = _param(first.get("loc", ()))
     if param is None:
         return f"the request body must be a JSON object ({first.get('msg', 'invalid')})", None
+    if any(e.get("type") == "string_unicode" and _param(e.get("loc", ())) == param for e in errors):
+        return f"{param} holds a lone surrogate, which is not valid Unicode text (half a UTF-16 pair)", param
     wants = list(dict.fromkeys(e["msg"] for e in errors if _param(e.get("loc", ())) == param))
     return f"{param}: {'; or '.join(wants[:4])}", param
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, count_failure) -> None:
+    """Error handlers: every error an OpenAI-shaped body; an unexpected one a 500, logged and
+    counted by `count_failure(exc)` (the /health failure counter)."""
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return exc.response()
@@ -110,4 +117,5 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error in %s %s", request.method, request.url.path)
+        count_failure(exc)
         return APIError(500, f"internal error: {type(exc).__name__}").response()

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .. import params
 from .._lily import LilyError
 from ..prefix_cache import reply_start
 from ..tool_calls import prompt_opens_reasoning
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, log
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .tool_choice import ForcedCall, forced_call
 
-_SMALLEST_TOP_P = 1e-6  # top_p 0 means "the top token only"; the sampler wants > 0 (in fp32)
 # Template variables a request may not set through chat_template_kwargs.
 _RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template", "self"}
 
@@ -49,16 +49,22 @@ class Defaults:
             gen = {}
         gen = gen if isinstance(gen, dict) else {}
         d = cls()
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-            if isinstance(gen.get(name), (int, float)) and not isinstance(gen.get(name), bool):
-                setattr(d, name, type(getattr(d, name))(gen[name]))
+        for param in (params.TEMPERATURE, params.TOP_P, params.TOP_K, params.MIN_P, params.REPETITION_PENALTY):
+            value = gen.get(param.name)
+            problem = None if value is None else param.problem(value)
+            if problem:
+                log.warning("%s: %s %s; requests that leave it out get %s", path, param.name, problem,
+                            getattr(d, param.name))
+            elif value is not None:
+                setattr(d, param.name, param.kind(value))
         if gen.get("do_sample") is False:
             d.temperature = 0.0
         return d
 
 
-def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_limit: int,
+def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_limit: int | None,
               defaults: Defaults) -> Plan:
+    _check_unicode(req)
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     use_tools = tools is not None and req.tool_choice != "none"
     kwargs = dict(req.chat_template_kwargs or {})
@@ -75,17 +81,19 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
     except LilyError as e:
         raise bad_request(str(e), "messages") from e
     ids = model.encode(text)
-    max_tokens = req.max_completion_tokens or req.max_tokens
+    asked = ("max_completion_tokens", req.max_completion_tokens) if req.max_completion_tokens else (
+        "max_tokens", req.max_tokens)
     in_reasoning = prompt_opens_reasoning(text)
-    plan = Plan(ids, _options(req, max_tokens, len(ids), context, max_tokens_limit, defaults),
+    plan = Plan(ids, _options(req, asked, len(ids), context, max_tokens_limit, defaults),
                 checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
                 parse_tools=use_tools, tools=tools, forced=forced_call(model, req, tools, in_reasoning))
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
 
 
-def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int,
+def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int | None,
                     defaults: Defaults) -> Plan:
+    _check_unicode(req)
     prompt = req.prompt
     if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):  # a batch of one
         prompt = prompt[0]
@@ -96,12 +104,27 @@ def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_l
         if any(not 0 <= t < vocab for t in prompt):
             raise bad_request(f"token ids must be in [0, {vocab})", "prompt")
         ids = list(prompt)
-    plan = Plan(ids, _options(req, req.max_tokens, len(ids), context, max_tokens_limit, defaults))
+    plan = Plan(ids, _options(req, ("max_tokens", req.max_tokens), len(ids), context, max_tokens_limit, defaults))
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
 
 
-def _options(req, max_tokens, n_prompt: int, context: int, max_tokens_limit: int, defaults: Defaults) -> dict:
+def _check_unicode(req) -> None:
+    """A 400 naming the field whose text is not valid Unicode (the tokenizer takes only that)."""
+    found = params.lone_surrogate(req.model_dump(exclude_none=True))
+    if found:
+        raise bad_request(params.surrogate_message(*found), found[0])
+
+
+def _options(req, asked: tuple[str, int | None], n_prompt: int, context: int, max_tokens_limit: int | None,
+             defaults: Defaults) -> dict:
+    """Session.generate's options: the request's values, else the checkpoint's defaults.
+    max_tokens is what was asked (refused above the server's limit) or the rest of the context,
+    and never more than that rest: the reply then ends with "length" where the context does."""
+    name, max_tokens = asked
+    if max_tokens is not None and max_tokens_limit is not None and max_tokens > max_tokens_limit:
+        raise bad_request(f"{name} {max_tokens} exceeds this server's limit of {max_tokens_limit} tokens per "
+                          f"request (--max-tokens-limit)", name)
     if n_prompt >= context:
         raise APIError(413, f"the prompt has {n_prompt} tokens; the context holds {context} "
                        f"(and at least one generated token)",
@@ -109,17 +132,16 @@ def _options(req, max_tokens, n_prompt: int, context: int, max_tokens_limit: int
                        code="context_length_exceeded")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     room = context - n_prompt
-    top_k = defaults.top_k if req.top_k is None else max(req.top_k, 0)
     return dict(
-        max_tokens=min(max_tokens or room, room, max_tokens_limit),
+        max_tokens=min(room, max_tokens or max_tokens_limit or room),
         temperature=_given_or(req.temperature, defaults.temperature),
-        top_p=max(_given_or(req.top_p, defaults.top_p), _SMALLEST_TOP_P),
-        top_k=top_k,
+        top_p=_given_or(req.top_p, defaults.top_p),
+        top_k=_given_or(req.top_k, defaults.top_k),
         min_p=_given_or(req.min_p, defaults.min_p),
         repetition_penalty=_given_or(req.repetition_penalty, defaults.repetition_penalty),
         presence_penalty=_given_or(req.presence_penalty, 0.0),
         frequency_penalty=_given_or(req.frequency_penalty, 0.0),
-        seed=None if req.seed is None else req.seed % 2**64,
+        seed=req.seed,
         stop=stop or None,
     )
 

@@ -2,22 +2,43 @@
 
 Unknown fields are ignored, as OpenAI clients send fields this server has no use for. Options
 this server does not support are typed to their one supported value, so the schema says so
-and a request asking for more gets a 400 naming the field. Ranges follow OpenAI's; checks
-that need the model (context length, token ids) are made by the routes.
+and a request asking for more gets a 400 naming the field. Sampling numbers follow
+lily.params, the rules of the Python API and the command line too; checks that need the
+model (context length, token ids) are made by the routes.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
-_MAX_INT32 = 2**31 - 1
-MAX_STOP_STRINGS = 16
+from .. import params
+from ..params import INT32_MAX, MAX_STOP_STRINGS, Param
+
+
+def _checked(param: Param):
+    """An optional request field validated by `param`'s rule, with its range in the schema."""
+
+    def validate(value):
+        if value is None:
+            return None
+        problem = param.problem(value)
+        if problem:
+            raise PydanticCustomError("invalid_value", "{problem}", {"problem": problem})
+        return param.kind(value)
+
+    schema = {"anyOf": [param.json_schema(), {"type": "null"}], "description": param.help}
+    return Annotated[Optional[param.kind], PlainValidator(validate), WithJsonSchema(schema)]
+
 
 NonEmpty = Annotated[str, Field(min_length=1)]
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=_MAX_INT32)]], Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
+MaxTokens = _checked(params.MAX_TOKENS)
+Temperature, TopP, TopK, MinP = map(_checked, (params.TEMPERATURE, params.TOP_P, params.TOP_K, params.MIN_P))
+PresencePenalty, FrequencyPenalty, RepetitionPenalty, Seed = map(
+    _checked, (params.PRESENCE_PENALTY, params.FREQUENCY_PENALTY, params.REPETITION_PENALTY, params.SEED))
 
 
 class _Body(BaseModel):
@@ -34,15 +55,15 @@ class ResponseFormat(_Body):
 
 class _Sampling(_Body):
     model: str
-    max_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
-    temperature: float | None = Field(None, ge=0, le=2, description="0: greedy")
-    top_p: float | None = Field(None, ge=0, le=1, description="0 keeps only the most likely token")
-    top_k: int | None = Field(None, ge=-1, le=_MAX_INT32, description="0 or -1: off")
-    min_p: float | None = Field(None, ge=0, le=1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, ge=0.01, le=10)
-    seed: int | None = Field(None, ge=_INT64_MIN, le=_UINT64_MAX)
+    max_tokens: MaxTokens = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    min_p: MinP = None
+    presence_penalty: PresencePenalty = None
+    frequency_penalty: FrequencyPenalty = None
+    repetition_penalty: RepetitionPenalty = None
+    seed: Seed = None
     stop: Union[NonEmpty, Annotated[list[NonEmpty], Field(max_length=MAX_STOP_STRINGS)], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -98,7 +119,7 @@ class NamedToolChoice(_Body):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
+    max_completion_tokens: MaxTokens = None
     tools: list[Tool] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = Field(
         None, description="'auto' (the default with tools), 'none', or a forced call: 'required' (one of "

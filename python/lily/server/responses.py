@@ -28,12 +28,13 @@ def usage(outcome: Outcome) -> dict:
     }
 
 
-def _error_event(e: Exception) -> str:
+def _error_event(e: Exception, count_failure) -> str:
     if isinstance(e, APIError):
         return sse(e.body())
     if isinstance(e, LilyError):
         return sse(bad_request(str(e)).body())
     log.exception("generation failed")
+    count_failure(e)
     return sse(APIError(500, f"internal error: {type(e).__name__}").body())
 
 
@@ -86,7 +87,9 @@ class ChatReply(_Reply):
             yield self._chunk({"tool_calls": [{"index": self._calls, **call.to_openai()}]})
             self._calls += 1
 
-    async def stream(self, events: AsyncIterator) -> AsyncIterator[str]:
+    async def stream(self, events: AsyncIterator, count_failure) -> AsyncIterator[str]:
+        """The reply as server-sent events; an error after the first is an error event,
+        counted by count_failure when it is not the request's fault."""
         yield self._chunk({"role": "assistant", "content": ""})
         try:
             async with aclosing(events) as events:
@@ -101,7 +104,7 @@ class ChatReply(_Reply):
                         for chunk in self._delta_chunks(self.parser.feed(event)):
                             yield chunk
         except Exception as e:  # the status line is sent already: report in the stream
-            yield _error_event(e)
+            yield _error_event(e, count_failure)
         yield sse("[DONE]")
 
 
@@ -117,7 +120,7 @@ class CompletionReply(_Reply):
     def message(self, pieces: list[str], outcome: Outcome) -> dict:
         return self._body([self._choice("".join(pieces), outcome.finish_reason)], usage=usage(outcome))
 
-    async def stream(self, events: AsyncIterator) -> AsyncIterator[str]:
+    async def stream(self, events: AsyncIterator, count_failure) -> AsyncIterator[str]:
         extra = {"usage": None} if self.plan.include_usage else {}
         try:
             async with aclosing(events) as events:
@@ -129,5 +132,5 @@ class CompletionReply(_Reply):
                     else:
                         yield sse(self._body([self._choice(event, None)], **extra))
         except Exception as e:
-            yield _error_event(e)
+            yield _error_event(e, count_failure)
         yield sse("[DONE]")

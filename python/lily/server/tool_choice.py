@@ -72,8 +72,8 @@ def write_forced_call(reply: ReplyWriter, forced: ForcedCall) -> str:
             opening = "\n\n" + opening
         else:  # its stop token or a stop string ended the reasoning: close it for the model
             opening = "\n" + THINK_CLOSE + "\n\n" + opening
-    if not _force_function(reply, opening, forced.names):
-        return "length"
+    if not _force_function(reply, opening, forced.names) or reply.tokens_left == 0:
+        return "length"  # the opening did not fit, or took the last tokens: the call stays unfinished
     # The request's stop strings are for text; inside the call they would only cut its syntax.
     result = reply.generate(stop=None, stop_token_ids=[forced.call_close])
     if result.finish_reason == "stop":  # </tool_call>, or the model ended its reply: the call ends here

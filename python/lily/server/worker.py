@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator
 
+from .._lily import LilyError
 from ..model import GenerationResult
 from ..prefix_cache import PrefixCache
 from .errors import APIError, log
@@ -128,8 +129,9 @@ class Worker:
             job.cancel()  # a no-op once the job is over
 
     def _job_over(self, future, job: Job) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            self.stats.failed += 1
+        error = None if future.cancelled() else future.exception()
+        if error is not None and not isinstance(error, (LilyError, APIError)):  # those are the request's fault: 400
+            self.count_failure(error)
         if self.running is job:
             self.running = None
         self._lock.release()
@@ -169,6 +171,13 @@ class Worker:
         s.cached_tokens += outcome.cached_tokens
         s.completion_tokens += outcome.completion_tokens
         emit(outcome)
+
+    def count_failure(self, error: BaseException) -> None:
+        """Counts an unexpected error once wherever it is seen (the generation thread, a route's
+        500, a stream's error event): one exception can reach more than one of them."""
+        if not getattr(error, "_lily_counted", False):
+            error._lily_counted = True
+            self.stats.failed += 1
 
     def status(self) -> dict:
         return {
