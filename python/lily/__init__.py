@@ -5,8 +5,8 @@
     print(model.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=64).text)
 """
 
-from ._lily import LilyError
+from ._lily import STREAM_READ_AHEAD, LilyError
 from .model import GenerationResult, Model, Piece, Session
 
 __version__ = "0.1.0"
-__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "__version__"]
+__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "STREAM_READ_AHEAD", "__version__"]
