@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 import lily
-from lily import STREAM_READ_AHEAD
+from lily import STREAM_READ_AHEAD, _lily
 
 PROMPT = "def f("
 LONG = dict(max_tokens=4000, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return lily.Model.load("lily-tiny", device="cpu")
+@pytest.fixture(scope="module", params=[d for d in ("cpu", "cuda") if d in _lily.available_devices()])
+def model(request):
+    """lily-tiny on each executor this machine has: both follow the same stream rules."""
+    return lily.Model.load("lily-tiny", device=request.param)
 
 
 def take(stream, n: int) -> int:
@@ -166,7 +167,7 @@ def test_any_call_on_the_session_ends_its_unfinished_stream(model, call):
     assert not s._handle.generating
     # The engine itself still refuses to touch a session while its stream runs.
     raw = model.prefill(prompt)
-    other = model._engine.generate(raw._handle, 4000, lily._lily.SamplingParams(), [])
+    other = model._engine.generate(raw._handle, 4000, _lily.SamplingParams(), [])
     with pytest.raises(lily.LilyError, match="generating"):
         model._engine.forward(raw._handle, np.array([5], dtype=np.int32), False)
     other.cancel()
@@ -190,16 +191,16 @@ def test_reprs_are_short_and_informative(model):
     text = repr(r)
     assert text.startswith("<GenerationResult length: 200 tokens at ") and "tok/s" in text
     assert str(r.token_ids[:3])[1:-1] not in text and len(text) < 200
-    assert repr(model) == (f"<lily.Model lily-tiny on cpu: {model.config['num_hidden_layers']} layers, hidden "
+    assert repr(model) == (f"<lily.Model lily-tiny on {model.device}: {model.config['num_hidden_layers']} layers, hidden "
                            f"{model.config['hidden_size']}, {model.config['num_experts']} experts "
                            f"({model.config['num_experts_per_tok']} active), vocab {model.config['vocab_size']:,}, "
                            f"context {model.max_context:,}>")
     s = model.new_session(1000)
     stream = s.generate(PROMPT, stream=True, **LONG)
     take(stream, 2)
-    assert repr(s).startswith("<lily.Session of lily-tiny on cpu: position ") and repr(s).endswith(
+    assert repr(s).startswith(f"<lily.Session of lily-tiny on {model.device}: position ") and repr(s).endswith(
         " of 1,000, streaming>")
     assert repr(stream).startswith("<lily stream generating: ") and " tok/s, text='" in repr(stream)
     stream.close()
     assert repr(stream).startswith("<lily stream finished (cancelled): ")
-    assert repr(s) == f"<lily.Session of lily-tiny on cpu: position {s.position:,} of 1,000>"
+    assert repr(s) == f"<lily.Session of lily-tiny on {model.device}: position {s.position:,} of 1,000>"

@@ -184,7 +184,7 @@ class TokenStream {
     }
   }
 
-  // False once cancelled; otherwise returns when the reader lags by kResumeAt or less.
+  // Blocks while the reader lags by more than kResumeAt tokens; false once cancelled.
   bool wait_for_reader() {
     std::unique_lock<std::mutex> lk(mu_);
     reader_caught_up_.wait(lk, [&] { return cancel_ || static_cast<int64_t>(queue_.size()) <= kResumeAt; });
@@ -192,13 +192,12 @@ class TokenStream {
   }
 
   // The executor's callback: queues the token; false to stop (a stop string, cancel) or pause.
-  bool accept(int32_t tok, Clock::time_point call_start) {
+  bool accept(int32_t tok) {
     const auto now = Clock::now();
     std::lock_guard<std::mutex> lk(mu_);
     if (generated_.empty()) first_ = now;
-    else decode_seconds_ += seconds(call_tokens_ == 0 ? call_start : last_, now);
+    else decode_seconds_ += seconds(std::max(last_, call_start_), now);  // a pause is not decoding
     last_ = now;
-    ++call_tokens_;
     generated_.push_back(tok);
     queue_.push_back(tok);
     token_ready_.notify_one();
@@ -210,31 +209,28 @@ class TokenStream {
     return !cancel_ && !paused_;
   }
 
+  // One executor call per stretch between pauses, until generation ends.
   void run(GenerateRequest req) {
     std::string reason;
     try {
       const int64_t budget = req.max_tokens;
-      for (;;) {
-        if (!wait_for_reader()) {
-          reason = "cancelled";
-          break;
-        }
+      while (reason.empty() && wait_for_reader()) {
         std::lock_guard<std::mutex> busy(session_->engine->busy);
-        const Clock::time_point call_start = Clock::now();
         {
           std::lock_guard<std::mutex> lk(mu_);
+          if (cancel_) break;
           req.generated_before = static_cast<int64_t>(generated_.size());
           req.max_tokens = budget - req.generated_before;
-          call_tokens_ = 0;
+          call_start_ = Clock::now();
           paused_ = false;
         }
-        GenerateResult r = session_->engine->executor->generate(
-            *session_->session, req, [&](int32_t tok) { return accept(tok, call_start); });
+        const GenerateResult r =
+            session_->engine->executor->generate(*session_->session, req, [this](int32_t tok) { return accept(tok); });
         std::lock_guard<std::mutex> lk(mu_);
         if (stopped_by_string_) reason = "stop";
-        else if (!(paused_ && r.finish_reason == "cancelled")) reason = r.finish_reason;
-        if (!reason.empty()) break;
+        else if (!paused_ || r.finish_reason != "cancelled") reason = r.finish_reason;
       }
+      if (reason.empty()) reason = "cancelled";
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
       error_ = std::current_exception();
@@ -258,10 +254,9 @@ class TokenStream {
   bool unbounded_ = false;  // drain(): no read-ahead bound
   bool paused_ = false;     // the last callback paused the executor's call
   bool done_ = false;
-  int64_t call_tokens_ = 0;  // tokens of the current executor call
   std::string finish_reason_;
   std::exception_ptr error_;
-  Clock::time_point start_, first_, last_;
+  Clock::time_point start_, first_, last_, call_start_;  // call_start_: of the executor's current call
   double decode_seconds_ = 0.0;
 };
 
