@@ -326,21 +326,6 @@ def test_cancelled_stream_keeps_the_tokens_so_far(tiny_model):
     assert s.generate(max_tokens=5, ignore_eos=True).token_ids == want.token_ids
 
 
-def test_a_generating_session_refuses_other_calls(tiny_model):
-    s = tiny_model.prefill(ids_of(tiny_model, 12))
-    stream = s.generate(max_tokens=5000, ignore_eos=True, stream=True)
-    next(stream)
-    try:
-        with pytest.raises(lily.LilyError, match="generating"):
-            s.prefill([1, 2])
-        with pytest.raises(lily.LilyError, match="generating"):
-            s.snapshot()
-    finally:
-        stream.cancel()
-        list(stream)
-    assert stream.result.finish_reason == "cancelled"
-
-
 def test_empty_prompt_on_an_empty_session(tiny_model):
     with pytest.raises(lily.LilyError):
         tiny_model.generate([], max_tokens=2)

@@ -1,5 +1,6 @@
 """`lily chat`: turns stream through one session, later turns reuse the cached history,
-/reset and /system, thinking shown or hidden."""
+/reset and /system, thinking shown or hidden, Ctrl-C at the prompt and during a reply, and a
+conversation that outgrows the context (/trim)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ def chat_session(tiny_model, tiny_mlx_dir, *flags):
 
 
 def feed(chat, *lines):
+    """Types each line at the prompt (an exception instead: raised there, as Ctrl-C is), then Ctrl-D."""
     it = iter(lines)
 
     def read_line():
-        try:
-            return next(it)
-        except StopIteration:
-            raise EOFError from None
+        line = next(it, EOFError())
+        if isinstance(line, BaseException):
+            raise line
+        return line
 
     chat.loop(read_line)
 
@@ -97,3 +99,54 @@ def test_unknown_command_prints_help(tiny_model, tiny_mlx_dir):
     chat, _, err = chat_session(tiny_model, tiny_mlx_dir)
     feed(chat, "/what", "/exit", "never read")
     assert "/reset" in err.getvalue() and chat.messages == []
+
+
+def test_ctrl_c_at_the_prompt_clears_the_line_and_a_second_one_leaves(tiny_model, tiny_mlx_dir):
+    chat, _, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think")
+    feed(chat, "Hi", KeyboardInterrupt(), "Hi again", KeyboardInterrupt(), KeyboardInterrupt(), "never read")
+    assert [m["content"] for m in chat.messages if m["role"] == "user"] == ["Hi", "Hi again"]
+    assert err.getvalue().count("[Ctrl-C again or Ctrl-D to leave]") == 2
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_keeps_the_conversation(tiny_model, tiny_mlx_dir, monkeypatch):
+    chat, out, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think", "-n", "200")
+    show, calls = chat.show, []
+
+    def show_then_interrupt(delta):
+        calls.append(delta)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return show(delta)
+
+    monkeypatch.setattr(chat, "show", show_then_interrupt)
+    feed(chat, "Name a colour.")
+    monkeypatch.undo()
+    assert "| cancelled]" in err.getvalue()
+    (reply_tokens,) = [int(line.split(" | decode ")[1].split()[0]) for line in err.getvalue().splitlines()
+                       if line.startswith("[prefill ")]
+    assert reply_tokens < 200
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] and chat.messages[1]["content"]
+    feed(chat, "Another one?")  # the conversation goes on from the cut reply
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 2
+    assert err.getvalue().count("| length]") == 1
+
+
+def test_a_full_context_offers_trim_which_drops_the_oldest_turns(tiny_model, tiny_mlx_dir):
+    chat, _, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think", "--context", "64")
+    feed(chat, "Name a colour.", "Another one?", "And one more?")
+    (refused,) = [line for line in err.getvalue().splitlines() if line.startswith("[the conversation is ")]
+    assert "more than the context's 64" in refused and "/trim" in refused and "/reset" in refused
+    assert len(chat.messages) == 4  # the message that did not fit is not in the history
+    feed(chat, "/trim")
+    assert "[dropped " in err.getvalue()
+    user = [m["content"] for m in chat.messages if m["role"] == "user"]
+    assert user[-1] == "And one more?" and "Name a colour." not in user
+    assert stats(err)[-1][0] + stats(err)[-1][1] <= 64 - 12  # room left for the reply
+    assert chat.messages[-1]["role"] == "assistant"
+
+
+def test_a_message_longer_than_the_context_says_so(tiny_model, tiny_mlx_dir):
+    chat, _, err = chat_session(tiny_model, tiny_mlx_dir, "--no-think", "--context", "64")
+    feed(chat, "word " * 100, "/trim")
+    assert "[this message alone is " in err.getvalue() and "/trim drops" not in err.getvalue()
+    assert chat.messages == [] and "[dropped 0 oldest turns" in err.getvalue()

@@ -9,7 +9,10 @@ import asyncio
 import gc
 import json
 import random
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -661,6 +664,76 @@ def test_disconnect_cancels_streaming_and_non_streaming(client, http, long_messa
     assert h["cancelled"] == base["cancelled"] + 2
     assert time.monotonic() - t0 < 10
     assert chat(client, "Hi", max_tokens=2).usage.completion_tokens <= 2  # still serving
+
+
+def sse_events(lines) -> list:
+    """The JSON payloads of server-sent-event lines, then "[DONE]"."""
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def test_shutting_down_cancels_the_running_reply_and_refuses_the_waiting_one(tiny_model, long_messages):
+    """What SIGTERM does (serve_cli calls shut_down from uvicorn's signal handler): the reply
+    being generated ends at once with an error event, a waiting request and a new one get 503."""
+    httpx = pytest.importorskip("httpx")
+    app = make_app(tiny_model)
+    body = {"model": "tiny", "messages": long_messages, "temperature": 0, "max_tokens": 1000}
+    waiting = {}
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=60) as h:
+        def wait_in_queue():
+            with httpx.Client(base_url=url, timeout=60) as other:
+                waiting["response"] = other.post("/v1/chat/completions", json=body)
+
+        with h.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            lines = r.iter_lines()
+            head = [next(lines), next(lines)]
+            thread = threading.Thread(target=wait_in_queue)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while health(h)["waiting"] != 1:
+                assert time.monotonic() < deadline, "the second request did not queue"
+                time.sleep(0.01)
+            app.state.worker.shut_down()
+            events = sse_events(head + list(lines))
+        thread.join(60)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_shutting_down"
+        assert not any(e["choices"][0]["finish_reason"] for e in events[:-2])  # no normal end
+        assert waiting["response"].status_code == 503
+        assert waiting["response"].json()["error"]["code"] == "server_shutting_down"
+        assert h.post("/v1/chat/completions", json=body).status_code == 503
+        stats = health(h)["requests"]
+    assert stats["completion_tokens"] < 1000
+    assert stats["requests"] == stats["cancelled"] == 2 and stats["failed"] == 0
+
+
+def test_sigterm_cancels_the_running_reply_and_the_server_exits(tiny_mlx_dir, long_messages):
+    """`lily serve` used to wait for the running generation to finish before exiting."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    server = subprocess.Popen([sys.executable, "-m", "lily", "serve", "-m", str(tiny_mlx_dir), "--device", "cpu",
+                               "--port", "0", "--model-name", "tiny"], stderr=subprocess.PIPE, text=True)
+    try:
+        log = []
+        for line in server.stderr:  # until uvicorn says where it listens
+            log.append(line)
+            if "Uvicorn running on " in line:
+                url = line.split("Uvicorn running on ")[1].split()[0]
+                break
+        else:
+            pytest.fail("the server did not start:\n" + "".join(log))
+        body = {"model": "tiny", "messages": long_messages, "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx.Client(base_url=url, timeout=60) as h, h.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            head = [next(lines), next(lines)]
+            server.send_signal(signal.SIGTERM)
+            events = sse_events(head + list(lines))
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_shutting_down"
+        assert server.wait(60) == -signal.SIGTERM  # uvicorn ends by the signal, after a clean shutdown
+        log += server.stderr.readlines()
+    finally:
+        server.kill()
+        server.wait()
+    assert any("Application shutdown complete" in line for line in log) and not any("Traceback" in line for line in log)
 
 
 # ---- load -------------------------------------------------------------------------------------

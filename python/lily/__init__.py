@@ -5,9 +5,10 @@
     print(model.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=64).text)
 """
 
-from ._lily import LilyError
+from ._lily import STREAM_READ_AHEAD, LilyError
 from ._version import __version__
 from .model import GenerationResult, Model, Piece, Session
 from .params import LilyWarning
 
-__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "LilyWarning", "__version__"]
+__all__ = ["Model", "Session", "GenerationResult", "Piece", "LilyError", "LilyWarning", "STREAM_READ_AHEAD",
+           "__version__"]

@@ -3,7 +3,8 @@
 Each turn feeds only what the prefix cache does not hold: the previous reply as the chat
 template renders it and the new message, never the older history. Prints prefill and decode
 speeds. Thinking is shown dimmed, or hidden with --hide-thinking.
-Commands: /reset, /system [TEXT], /help, /exit. Ctrl-C stops a reply; Ctrl-D leaves.
+Commands: /reset, /trim, /system [TEXT], /help, /exit. Ctrl-C stops a reply and keeps it, or
+clears the line at the prompt; a second Ctrl-C there, or Ctrl-D, leaves.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from .tool_calls import AssistantStream, prompt_opens_reasoning
 
 HELP = """commands:
   /reset          forget the conversation (keeps the system prompt)
+  /trim           drop the oldest turns until a reply has room (up to half the context),
+                  then send the message that did not fit, if any
   /system [TEXT]  set the system prompt and start over (no TEXT: remove it)
   /help           this text
-  /exit           leave (or Ctrl-D)"""
+  /exit           leave (or Ctrl-D, or Ctrl-C twice)"""
+FULL_HINT = "/trim drops the oldest turns to make room, /reset starts over"
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -59,6 +63,10 @@ def _read_line() -> str:
     return input("> ")
 
 
+class ContextFull(Exception):
+    """A turn's prompt does not fit the session's context."""
+
+
 class Chat:
     """The conversation: its messages, the session and cache behind them, and the screen."""
 
@@ -74,28 +82,48 @@ class Chat:
         self._styled = out.isatty()
         self._stop_text = {i: model.decode([i]) for i in model.eos_token_ids}
         self._reasoning_shown = False  # reasoning printed and not yet followed by content
+        self._unsent: str | None = None  # the message that did not fit the context
 
     def loop(self, read_line: Callable[[], str]) -> None:
+        interrupted = False  # the last thing typed was Ctrl-C
         while True:
             try:
                 line = read_line().strip()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 self.err.write("\n")
                 return
+            except KeyboardInterrupt:  # clears the line; a second one leaves
+                if interrupted:
+                    self.err.write("\n")
+                    return
+                interrupted = True
+                self.err.write("\n[Ctrl-C again or Ctrl-D to leave]\n")
+                continue
+            interrupted = False
             if not line:
                 continue
             if line.startswith("/"):
                 if not self.command(line):
                     return
                 continue
-            try:
-                self.turn(line)
-            except KeyboardInterrupt:  # outside generation (e.g. during prefill): drop the turn
-                self.messages = self.messages[:-1]
-                self.err.write("\n[interrupted]\n")
-            except LilyError as e:  # e.g. the conversation outgrew the context
-                self.messages = self.messages[:-1]
-                self.err.write(f"[error: {e}]\n")
+            self.send(line)
+
+    def send(self, text: str) -> None:
+        """One turn, reporting (not raising) what stops it."""
+        self._unsent = None
+        try:
+            self.turn(text)
+        except ContextFull as e:
+            alone = len(self.messages) == 1
+            self.messages = self.messages[:-1]
+            self._unsent = None if alone else text
+            self.err.write(f"[{e}]\n" if alone else f"[{e}: {FULL_HINT}]\n")
+        except KeyboardInterrupt:  # outside generation (e.g. during prefill): drop the turn
+            self.messages = self.messages[:-1]
+            self.err.write("\n[interrupted]\n")
+        except LilyError as e:
+            self.messages = self.messages[:-1]
+            self.err.write(f"[error: {e}]\n")
 
     def command(self, line: str) -> bool:
         """Runs a /command; False to leave."""
@@ -103,8 +131,10 @@ class Chat:
         if name in ("/exit", "/quit"):
             return False
         if name == "/reset":
-            self.messages = []
+            self.messages, self._unsent = [], None
             self.err.write("[conversation reset]\n")
+        elif name == "/trim":
+            self.trim()
         elif name == "/system":
             self.system, self.messages = rest.strip() or None, []
             self.err.write(f"[system prompt {'set' if self.system else 'removed'}; conversation reset]\n")
@@ -112,11 +142,38 @@ class Chat:
             self.err.write(HELP + "\n")
         return True
 
+    def trim(self) -> None:
+        """Drops the oldest turns (a user message and the replies to it) until the
+        conversation, with the message that did not fit, leaves room for a reply."""
+        pending = [{"role": "user", "content": self._unsent}] if self._unsent is not None else []
+        context = self.session.max_context
+        room = min(self.args.max_tokens, context // 2)
+        dropped = 0
+        while self.messages and self._size(self.messages + pending) + room > context:
+            end = next((i for i, m in enumerate(self.messages[1:], 1) if m["role"] == "user"), len(self.messages))
+            self.messages = self.messages[end:]
+            dropped += 1
+        size = self._size(self.messages + pending) if self.messages or pending else 0
+        self.err.write(f"[dropped {dropped} oldest turn{'s' * (dropped != 1)}; the conversation holds "
+                       f"{size:,} of {context:,} tokens]\n")
+        if pending:
+            self.send(self._unsent)
+
+    def _prompt(self, messages: list[dict]) -> str:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return self.model.apply_chat_template(system + messages, enable_thinking=self.args.think)
+
+    def _size(self, messages: list[dict]) -> int:
+        return len(self.model.encode(self._prompt(messages)))
+
     def turn(self, user_text: str) -> None:
         self.messages.append({"role": "user", "content": user_text})
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        text = self.model.apply_chat_template(system + self.messages, enable_thinking=self.args.think)
+        text = self._prompt(self.messages)
         ids = self.model.encode(text)
+        context = self.session.max_context
+        if len(ids) > context:
+            what = "the conversation" if len(self.messages) > 1 else "this message alone"
+            raise ContextFull(f"{what} is {len(ids):,} tokens, more than the context's {context:,}")
         t0 = time.perf_counter()
         cached = self.cache.prefill(self.session, ids, reply_start(self.model, ids))
         prefill_seconds = time.perf_counter() - t0
@@ -145,6 +202,8 @@ class Chat:
             f"{f' at {fed / prefill_seconds:,.0f} tok/s' if fed and prefill_seconds > 0 else ''}"
             f" | decode {len(result.token_ids)} tokens at {result.decode_tokens_per_s:,.1f} tok/s"
             f" | {result.finish_reason}]\n")
+        if len(self.session.tokens) >= context:
+            self.err.write(f"[the context is full: {FULL_HINT}]\n")
 
     def _without_stop(self, piece) -> str:
         if piece.token_ids and piece.token_ids[-1] in self._stop_text:

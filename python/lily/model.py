@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -24,7 +25,7 @@ Prompt = str | Sequence[int] | np.ndarray | None
 _SMALLEST_TOP_P = 1e-6  # top_p 0 means "the most likely token only"; the sampler wants > 0 (in fp32)
 
 
-@dataclass
+@dataclass(repr=False)
 class GenerationResult:
     text: str
     token_ids: list[int]
@@ -41,6 +42,12 @@ class GenerationResult:
     def decode_tokens_per_s(self) -> float:
         n = len(self.token_ids) - 1  # the first token's time is part of prefill
         return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+    def __repr__(self) -> str:
+        prompt = (f", prompt {self.prompt_tokens} tokens at {self.prefill_tokens_per_s:,.0f} tok/s"
+                  if self.prompt_tokens else "")
+        return (f"<GenerationResult {self.finish_reason}: {len(self.token_ids)} tokens at "
+                f"{self.decode_tokens_per_s:,.1f} tok/s{prompt}, text={_preview(self.text)}>")
 
 
 @dataclass
@@ -96,6 +103,12 @@ class Model:
         seed, prefill_chunk = params.WEIGHT_SEED.check(seed), params.PREFILL_CHUNK.check(prefill_chunk)
         engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)
         return cls(engine, Path(config_json).parent, None)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<lily.Model {self.path.name} on {self.device}: {c['num_hidden_layers']} layers, hidden "
+                f"{c['hidden_size']}, {c['num_experts']} experts ({c['num_experts_per_tok']} active), vocab "
+                f"{c['vocab_size']:,}, context {self.max_context:,}>")
 
     @property
     def device(self) -> str:
@@ -195,15 +208,40 @@ class Model:
 
 
 class Session:
-    """One conversation's cached state on the model's device."""
+    """One conversation's cached state on the model's device.
+
+    A session has at most one unfinished stream: any other call on the session first closes
+    it (as `_Run.close`), so a stream left behind by a break, an exception or Ctrl-C never
+    blocks the session.
+    """
 
     def __init__(self, model: Model, handle: _lily.Session):
         self.model = model
         self._handle = handle
+        self._stream: weakref.ref[_Run] | None = None
+
+    def __repr__(self) -> str:
+        run = self._stream() if self._stream else None
+        state = ", streaming" if run is not None and run.result is None else ""
+        return (f"<lily.Session of {self.model.path.name} on {self.model.device}: position "
+                f"{self.position:,} of {self.max_context:,}{state}>")
+
+    def close_stream(self) -> None:
+        """Ends this session's unfinished stream, if any: cancels it and waits for it to stop.
+        The session then holds every token the stream generated (see `_Run.close`)."""
+        run = self._stream() if self._stream else None
+        if run is not None:
+            run.close()
+
+    @property
+    def max_context(self) -> int:
+        """Positions the session may hold."""
+        return self._handle.max_context
 
     @property
     def position(self) -> int:
-        """Tokens processed so far."""
+        """Tokens processed so far (while a stream generates: so far, at most
+        STREAM_READ_AHEAD tokens beyond those it handed out)."""
         return self._handle.position
 
     @property
@@ -226,6 +264,7 @@ class Session:
         ids = self.model.prompt_ids(prompt, messages=messages, tools=tools, enable_thinking=enable_thinking)
         if not ids:
             raise LilyError("prefill: the prompt is empty")
+        self.close_stream()
         return self.model._engine.forward(self._handle, _as_tokens(ids), False)
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -233,17 +272,20 @@ class Session:
         ids = _as_tokens(token_ids)
         if ids.size == 0:
             raise LilyError("logits: no tokens given")
+        self.close_stream()
         return self.model._engine.forward(self._handle, ids, True)
 
     def snapshot(self, compact: bool = False) -> "Session":
         """An independent copy of this session's state. compact: room for only the
         positions it holds (K/V memory grows with them), for snapshots that are only
         restored, never continued."""
+        self.close_stream()
         capacity = max(len(self.tokens), 1) if compact else 0  # 0: this session's own capacity
         return Session(self.model, self.model._engine.clone(self._handle, capacity))
 
     def restore(self, snapshot: "Session") -> None:
         """Returns this session to the state of a snapshot."""
+        self.close_stream()
         self.model._engine.restore(self._handle, snapshot._handle)
 
     def generate(
@@ -272,7 +314,9 @@ class Session:
         temperature 0 is greedy; every parameter's type and range are lily.params' (top_p 0
         keeps only the most likely token, top_k 0 or -1 is off). stop: strings that end
         generation (not included in the text). With stream=True, returns an iterator of Piece;
-        its `result` attribute holds the GenerationResult once the iterator is exhausted.
+        its `result` attribute holds the GenerationResult once the iterator is exhausted. A
+        stream generates at most STREAM_READ_AHEAD tokens ahead of its reader and pauses
+        there, leaving the model free; it resumes, with the same tokens, when read again.
         """
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -299,7 +343,9 @@ class Session:
         _lily.check_sampling(sampling)  # before the prompt touches the session
         stop_ids = ([] if ignore_eos else list(self.model.eos_token_ids)) + extra_stop_ids
 
+        self.close_stream()
         run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops)
+        self._stream = weakref.ref(run)
         return run if stream else run.collect()
 
 
@@ -308,7 +354,8 @@ class _Run:
 
     Stop tokens end the text without appearing in it; stop strings are matched in C++
     on token bytes (so the session stops exactly there) and cut from the text here.
-    Every token id appears in exactly one Piece; the last Piece carries finish_reason.
+    Every token id read appears in exactly one Piece; the last Piece carries finish_reason.
+    An exception inside the iteration (Ctrl-C included) cancels the generation.
     """
 
     def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops):
@@ -332,12 +379,27 @@ class _Run:
         self._unsent: list[int] = []  # ids not yet handed out in a Piece
         self._first_token_time: float | None = None
 
+    def __repr__(self) -> str:
+        stream = self._stream
+        state = f"finished ({self.result.finish_reason})" if self.result else "generating"
+        n = stream.n_tokens - 1  # the first token's time is part of prefill
+        speed = n / stream.decode_seconds if n > 0 and stream.decode_seconds > 0 else 0.0
+        return (f"<lily stream {state}: {len(self._ids)} tokens read at {speed:,.1f} tok/s, "
+                f"text={_preview(''.join(self._text))}>")
+
     def __iter__(self):
         return self
 
     def __next__(self) -> Piece:
         if self.result is not None:
             raise StopIteration
+        try:
+            return self._next_piece()
+        except BaseException:
+            self._stream.cancel()
+            raise
+
+    def _next_piece(self) -> Piece:
         for tok in self._stream:
             if self._first_token_time is None:
                 self._first_token_time = time.perf_counter()
@@ -378,7 +440,7 @@ class _Run:
         first = self._first_token_time or time.perf_counter()
         self.result = GenerationResult(
             text="".join(self._text),
-            token_ids=list(self._ids),
+            token_ids=list(self._stream.tokens),  # what the session holds, even if a read was interrupted
             finish_reason=reason,
             prompt_tokens=self._prompt_tokens,
             prefill_seconds=first - self._t0,
@@ -391,8 +453,24 @@ class _Run:
         return self.result
 
     def cancel(self) -> None:
-        """Stops generation now; the session keeps every token generated so far."""
+        """Stops generation at the next token; iteration then hands out the tokens already
+        generated and ends with finish_reason "cancelled". Safe from any thread."""
         self._stream.cancel()
+
+    def close(self) -> None:
+        """Cancels the generation and ends the iteration. `result` then covers every token
+        generated (the session holds them all): those read and at most STREAM_READ_AHEAD
+        more that were not."""
+        if self.result is None:
+            self._stream.cancel()
+            self.collect()
+
+
+def _preview(text: str, limit: int = 60) -> str:
+    """repr() of text, its middle elided when long."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit // 2]!r}…{text[-limit // 2 :]!r}"
 
 
 def _check_device(device) -> None:

@@ -53,5 +53,16 @@ def run(args: argparse.Namespace) -> int:
     server_log.addHandler(handler)
     server_log.setLevel(args.log_level.upper())
     print(f"lily serve: {model.path} on {model.device}, http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    _serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _serve(app, **config) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
+            app.state.worker.shut_down()  # uvicorn alone would wait for open replies to finish
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, **config)).run()

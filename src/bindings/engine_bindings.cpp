@@ -1,6 +1,7 @@
 // Engine, Session and TokenStream: the Python-facing handles of the C++ core.
 // Generation runs on a C++ thread with the GIL released; tokens reach Python through
-// a queue, so the decode loop never waits on Python.
+// a queue, so the decode loop never waits on Python, and runs at most kReadAhead tokens
+// ahead of its reader, so a stream nobody reads stops there and leaves the model free.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -51,6 +52,16 @@ class PySession {
   void check_idle() const {
     if (generating) fail("this session is generating; finish or cancel its stream first");
   }
+
+  // A value read from the session. Its stream's executor call changes the session under
+  // the engine lock, so a read waits for the stream's next pause (at most kReadAhead tokens).
+  template <typename Get>
+  auto read(Get get) const {
+    if (!generating) return get(*session);
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> busy(engine->busy);
+    return get(*session);
+  }
 };
 
 // Finds stop strings in the bytes of the generated tokens. Matching in C++ lets the
@@ -85,6 +96,15 @@ class StopStringMatcher {
   size_t longest_ = 0;
 };
 
+// Tokens the reader may lag behind before generation pauses, and the lag at which it
+// resumes (half: a reader that keeps up never waits for a restart).
+constexpr int64_t kReadAhead = 32;
+constexpr int64_t kResumeAt = kReadAhead / 2;
+
+// One generation, on its own thread. At kReadAhead unread tokens the executor's generate
+// call returns (its callback cancels) and the engine lock is released; once the reader has
+// caught up, a new call continues from the session (GenerateRequest::generated_before),
+// so a paused stream yields the same tokens as one that never paused.
 class TokenStream {
  public:
   TokenStream(std::shared_ptr<PySession> s, GenerateRequest req, StopStringMatcher stops)
@@ -92,14 +112,11 @@ class TokenStream {
     session_->check_idle();
     session_->generating = true;
     start_ = Clock::now();
-    worker_ = std::thread([this, req = std::move(req)] { run(req); });
+    worker_ = std::thread([this, req = std::move(req)]() mutable { run(std::move(req)); });
   }
   ~TokenStream() {
-    cancel_ = true;
-    if (worker_.joinable()) {
-      nb::gil_scoped_release release;
-      worker_.join();
-    }
+    cancel();
+    join();
   }
 
   int32_t next() {
@@ -107,10 +124,11 @@ class TokenStream {
     {
       nb::gil_scoped_release release;
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return !queue_.empty() || done_; });
+      token_ready_.wait(lk, [&] { return !queue_.empty() || done_; });
       if (!queue_.empty()) {
         tok = queue_.front();
         queue_.pop_front();
+        if (static_cast<int64_t>(queue_.size()) <= kResumeAt) reader_caught_up_.notify_one();
       }
     }
     if (tok >= 0) return tok;
@@ -119,20 +137,27 @@ class TokenStream {
     throw nb::stop_iteration();
   }
 
-  void cancel() { cancel_ = true; }
+  void cancel() {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancel_ = true;
+    reader_caught_up_.notify_one();
+  }
 
-  // Waits for the end and returns the remaining tokens.
+  // Waits for the end and returns the tokens not yet read. Generation runs unbounded
+  // meanwhile: this reader takes everything.
   std::vector<int32_t> drain() {
     std::vector<int32_t> out;
-    for (;;) {
-      {
-        nb::gil_scoped_release release;
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return !queue_.empty() || done_; });
-        while (!queue_.empty()) { out.push_back(queue_.front()); queue_.pop_front(); }
-        if (!done_) continue;
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock<std::mutex> lk(mu_);
+      unbounded_ = true;
+      for (;;) {
+        token_ready_.wait(lk, [&] { return !queue_.empty() || done_; });
+        out.insert(out.end(), queue_.begin(), queue_.end());
+        queue_.clear();
+        reader_caught_up_.notify_one();  // a paused stream resumes
+        if (done_) break;
       }
-      break;
     }
     join();
     if (error_) std::rethrow_exception(error_);
@@ -140,10 +165,13 @@ class TokenStream {
   }
 
   std::string finish_reason() const { std::lock_guard<std::mutex> lk(mu_); return finish_reason_; }
-  int64_t n_tokens() const { return n_tokens_; }
-  // Seconds from start to the first token, and from the first to the last token.
-  double first_token_seconds() const { return seconds(start_, first_); }
-  double decode_seconds() const { return seconds(first_, last_); }
+  int64_t n_tokens() const { std::lock_guard<std::mutex> lk(mu_); return static_cast<int64_t>(generated_.size()); }
+  // Every token generated so far, read or not: what the session holds from this stream.
+  std::vector<int32_t> tokens() const { std::lock_guard<std::mutex> lk(mu_); return generated_; }
+  // Seconds from start to the first token, and spent generating the tokens after it
+  // (pauses excluded).
+  double first_token_seconds() const { std::lock_guard<std::mutex> lk(mu_); return seconds(start_, first_); }
+  double decode_seconds() const { std::lock_guard<std::mutex> lk(mu_); return decode_seconds_; }
 
  private:
   static double seconds(Clock::time_point a, Clock::time_point b) {
@@ -155,48 +183,81 @@ class TokenStream {
       worker_.join();
     }
   }
-  void run(const GenerateRequest& req) {
+
+  // Blocks while the reader lags by more than kResumeAt tokens; false once cancelled.
+  bool wait_for_reader() {
+    std::unique_lock<std::mutex> lk(mu_);
+    reader_caught_up_.wait(lk, [&] { return cancel_ || static_cast<int64_t>(queue_.size()) <= kResumeAt; });
+    return !cancel_;
+  }
+
+  // The executor's callback: queues the token; false to stop (a stop string, cancel) or pause.
+  bool accept(int32_t tok) {
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (generated_.empty()) first_ = now;
+    else decode_seconds_ += seconds(std::max(last_, call_start_), now);  // a pause is not decoding
+    last_ = now;
+    generated_.push_back(tok);
+    queue_.push_back(tok);
+    token_ready_.notify_one();
+    if (stops_.push(tok)) {
+      stopped_by_string_ = true;
+      return false;
+    }
+    paused_ = !cancel_ && !unbounded_ && static_cast<int64_t>(queue_.size()) >= kReadAhead;
+    return !cancel_ && !paused_;
+  }
+
+  // One executor call per stretch between pauses, until generation ends.
+  void run(GenerateRequest req) {
+    std::string reason;
     try {
-      std::lock_guard<std::mutex> busy(session_->engine->busy);
-      GenerateResult r = session_->engine->executor->generate(*session_->session, req, [&](int32_t tok) {
-        auto now = Clock::now();
-        std::lock_guard<std::mutex> lk(mu_);
-        if (n_tokens_ == 0) first_ = now;
-        last_ = now;
-        ++n_tokens_;
-        queue_.push_back(tok);
-        cv_.notify_one();
-        if (stops_.push(tok)) {
-          stopped_by_string_ = true;
-          return false;
+      const int64_t budget = req.max_tokens;
+      while (reason.empty() && wait_for_reader()) {
+        std::lock_guard<std::mutex> busy(session_->engine->busy);
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (cancel_) break;
+          req.generated_before = static_cast<int64_t>(generated_.size());
+          req.max_tokens = budget - req.generated_before;
+          call_start_ = Clock::now();
+          paused_ = false;
         }
-        return !cancel_.load();
-      });
-      std::lock_guard<std::mutex> lk(mu_);
-      finish_reason_ = stopped_by_string_ ? "stop" : r.finish_reason;
+        const GenerateResult r =
+            session_->engine->executor->generate(*session_->session, req, [this](int32_t tok) { return accept(tok); });
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopped_by_string_) reason = "stop";
+        else if (!paused_ || r.finish_reason != "cancelled") reason = r.finish_reason;
+      }
+      if (reason.empty()) reason = "cancelled";
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
       error_ = std::current_exception();
     }
     session_->generating = false;
     std::lock_guard<std::mutex> lk(mu_);
+    finish_reason_ = reason;
     done_ = true;
-    cv_.notify_all();
+    token_ready_.notify_all();
   }
 
   std::shared_ptr<PySession> session_;
   StopStringMatcher stops_;
-  bool stopped_by_string_ = false;
   std::thread worker_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<int32_t> queue_;
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable token_ready_, reader_caught_up_;
+  std::deque<int32_t> queue_;  // generated, not yet read
+  std::vector<int32_t> generated_;
+  bool stopped_by_string_ = false;
+  bool cancel_ = false;
+  bool unbounded_ = false;  // drain(): no read-ahead bound
+  bool paused_ = false;     // the last callback paused the executor's call
   bool done_ = false;
-  std::atomic<bool> cancel_{false};
   std::string finish_reason_;
   std::exception_ptr error_;
-  int64_t n_tokens_ = 0;
-  Clock::time_point start_, first_, last_;
+  Clock::time_point start_, first_, last_, call_start_;  // call_start_: of the executor's current call
+  double decode_seconds_ = 0.0;
 };
 
 class PyEngine {
@@ -378,13 +439,15 @@ void register_engine(nb::module_& m) {
       .def_rw("vocab_limit", &SamplingParams::vocab_limit);
 
   nb::class_<PySession>(m, "Session")
-      .def_prop_ro("position", [](const PySession& s) { return s.session->position(); })
+      .def_prop_ro("position", [](const PySession& s) { return s.read([](const Session& x) { return x.position(); }); })
       .def_prop_ro("max_context", [](const PySession& s) { return s.session->max_context; })
-      .def_prop_ro("tokens", [](const PySession& s) { return s.session->tokens; })
-      .def_prop_ro("pending", [](const PySession& s) { return s.session->pending; })
-      .def_prop_ro("expert_load", [](const PySession& s) { return s.session->expert_load; })
+      .def_prop_ro("tokens", [](const PySession& s) { return s.read([](const Session& x) { return x.tokens; }); })
+      .def_prop_ro("pending", [](const PySession& s) { return s.read([](const Session& x) { return x.pending; }); })
+      .def_prop_ro("expert_load",
+                   [](const PySession& s) { return s.read([](const Session& x) { return x.expert_load; }); })
       .def_prop_ro("generating", [](const PySession& s) { return s.generating.load(); });
 
+  m.attr("STREAM_READ_AHEAD") = kReadAhead;
   nb::class_<TokenStream>(m, "TokenStream")
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &TokenStream::next)
@@ -392,6 +455,7 @@ void register_engine(nb::module_& m) {
       .def("drain", &TokenStream::drain)
       .def_prop_ro("finish_reason", &TokenStream::finish_reason)
       .def_prop_ro("n_tokens", &TokenStream::n_tokens)
+      .def_prop_ro("tokens", &TokenStream::tokens)
       .def_prop_ro("first_token_seconds", &TokenStream::first_token_seconds)
       .def_prop_ro("decode_seconds", &TokenStream::decode_seconds);
 

@@ -94,22 +94,19 @@ GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const 
   }
   if (s.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
   Sampler sampler(req.sampling);
+  sampler.skip(req.generated_before);
   std::vector<int32_t> history = s.tokens;
   const int64_t V = weights_->config.vocab_size;
   while (r.n_tokens < req.max_tokens) {
-    const int32_t tok = sampler.sample(s.last_logits.data(), V, history, r.n_tokens);
+    const int32_t tok = sampler.sample(s.last_logits.data(), V, history, req.generated_before + r.n_tokens);
     history.push_back(tok);
     ++r.n_tokens;
     const bool keep_going = on_token(tok);
-    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
+    const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
+    const bool length = r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context;
+    if (stop || length || !keep_going) {
       s.pending = tok;
-      r.finish_reason = "stop";
-      return r;
-    }
-    if (!keep_going) { s.pending = tok; r.finish_reason = "cancelled"; return r; }
-    if (r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context) {
-      s.pending = tok;
-      r.finish_reason = "length";
+      r.finish_reason = stop ? "stop" : length ? "length" : "cancelled";
       return r;
     }
     forward_chunk(s, &tok, 1, s.last_logits.data(), nullptr);

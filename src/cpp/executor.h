@@ -40,6 +40,10 @@ struct GenerateRequest {
   int64_t max_tokens = 256;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
+  // Tokens this generation chose in earlier calls (a stream that paused and resumes): the
+  // last generated_before tokens of the session are its output, so the output penalties
+  // count them and the random stream continues after them.
+  int64_t generated_before = 0;
 };
 
 struct GenerateResult {
@@ -47,7 +51,8 @@ struct GenerateResult {
   std::string finish_reason;  // "stop" (stop id), "length" (max_tokens or context), "cancelled"
 };
 
-// Receives each token as soon as it is known; returning false cancels generation.
+// Receives each token as soon as it is known; returning false cancels generation, unless
+// that token ends it anyway (a stop id, max_tokens, the context's end), whose reason wins.
 using TokenCallback = std::function<bool(int32_t)>;
 
 class Executor {

@@ -22,6 +22,10 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
   if (!std::isfinite(p.repetition_penalty)) fail("repetition_penalty must be finite");
 }
 
+void Sampler::skip(int64_t n) {
+  if (!p_.greedy() && n > 0) rng_.discard(static_cast<unsigned long long>(n));  // one draw per sample
+}
+
 int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
                         int64_t n_generated) {
   const int64_t V = p_.vocab_limit > 0 ? std::min(p_.vocab_limit, vocab) : vocab;

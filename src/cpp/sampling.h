@@ -28,6 +28,9 @@ class Sampler {
   // history: every token of the sequence so far; the last n_generated were generated.
   int32_t sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history, int64_t n_generated);
 
+  // Continues the random stream after n earlier samples with the same parameters.
+  void skip(int64_t n);
+
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;

@@ -1,16 +1,15 @@
 """The one generation worker: batch 1, requests served first come first served.
 
 Requests wait on a FIFO lock; the one holding it runs on a dedicated thread (the C++ engine
-releases the GIL), handing text pieces to the event loop. Cancelling a job (its client left)
-stops prefill between chunks and decode at the next token. The lock is released by the
-thread when the job is really over, never by the request that was cancelled, so the next
-job cannot start while the session is still busy.
+releases the GIL), handing text pieces to the event loop. Cancelling a job (its client left,
+or the server shuts down) stops prefill between chunks and decode at the next token. The lock
+is released by the thread when the job is really over, never by the request that was
+cancelled, so the next job cannot start while the session is still busy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -29,18 +28,15 @@ class Job:
     options: dict  # Session.generate keyword arguments (sampling, max_tokens, stop)
     checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
-    _cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
     _run: object = None
 
     def cancel(self) -> None:
-        self._cancelled.set()
+        """Safe from any thread and from a signal handler (it takes no Python lock)."""
+        self.cancelled = True
         run = self._run
         if run is not None:
             run.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
 
 
 @dataclass
@@ -76,6 +72,7 @@ class Worker:
         self.stats = WorkerStats()
         self.waiting = 0
         self.running: Job | None = None
+        self.shutting_down = False
         self._lock = asyncio.Lock()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lily-generate")
         tok = model.tokenizer
@@ -84,6 +81,8 @@ class Worker:
 
     def admit(self) -> None:
         """Refuses a new request that would have to wait while the queue is full."""
+        if self.shutting_down:
+            raise _shutting_down()
         busy = self.running is not None or self.waiting > 0
         if busy and self.waiting >= self.max_queue:
             raise APIError(503, f"the server is busy: {self.waiting} requests are waiting; retry later",
@@ -101,6 +100,10 @@ class Worker:
             raise
         finally:
             self.waiting -= 1
+        if self.shutting_down:
+            self._lock.release()
+            self.stats.cancelled += 1
+            raise _shutting_down()
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event) -> None:
@@ -122,6 +125,8 @@ class Worker:
                 event = await events.get()
                 if isinstance(event, BaseException):
                     raise event
+                if isinstance(event, Outcome) and event.finish_reason == "cancelled" and self.shutting_down:
+                    raise _shutting_down("; the reply was cut short")
                 yield event
                 if isinstance(event, Outcome):
                     return
@@ -188,10 +193,16 @@ class Worker:
                              "budget_bytes": self.cache.budget_bytes, **asdict(self.cache.stats)},
         }
 
-    def close(self) -> None:
+    def shut_down(self) -> None:
+        """Stops serving: cancels the running job and refuses the waiting and new ones (503).
+        Safe from a signal handler: it only sets flags."""
+        self.shutting_down = True
         job = self.running
         if job is not None:
             job.cancel()
+
+    def close(self) -> None:
+        self.shut_down()
         self._thread.shutdown(wait=True)
 
 
@@ -248,6 +259,10 @@ class ReplyWriter:
 
     def encode(self, text: str) -> list[int]:
         return self.session.model.encode(text)
+
+
+def _shutting_down(detail: str = "") -> APIError:
+    return APIError(503, f"the server is shutting down{detail}", code="server_shutting_down")
 
 
 def _per_second(n: int, seconds: float) -> float:
