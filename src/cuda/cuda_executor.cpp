@@ -369,7 +369,10 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   if (req.stop_ids.size() > static_cast<size_t>(kMaxStopIds))
     fail("generate: at most ", std::to_string(kMaxStopIds), " stop ids are supported on CUDA");
   DecodeCtl ctl;
-  ctl.max_tokens = static_cast<int>(std::min<int64_t>(req.max_tokens, 1 << 30));
+  // A resumed generation counts on from its earlier tokens: the stop rule, the random
+  // stream (uniform01's step) and the penalty counts continue where it paused.
+  ctl.n_generated = static_cast<int>(req.generated_before);
+  ctl.max_tokens = static_cast<int>(std::min<int64_t>(req.generated_before + req.max_tokens, 1 << 30));
   ctl.max_context = static_cast<int>(s.max_context);
   ctl.n_stop = static_cast<int>(req.stop_ids.size());
   std::copy(req.stop_ids.begin(), req.stop_ids.end(), ctl.stop_ids);
@@ -394,11 +397,16 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   check(cudaMemcpyAsync(ws_->ctl, &ctl, sizeof(ctl), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (decode control)");
   if (ctl.penalties) {
     const int64_t V = weights_->config.vocab_size;
+    std::vector<int32_t> history = s.tokens;
+    if (s.pending >= 0) history.push_back(s.pending);  // fed first, so part of the history
     std::vector<unsigned char> seen(V, 0);
-    for (int32_t t : s.tokens) seen[t] = 1;
-    if (s.pending >= 0) seen[s.pending] = 1;  // fed first, so part of the history
+    std::vector<int> counts(V, 0);
+    for (int32_t t : history) seen[t] = 1;
+    const size_t earlier = std::min<size_t>(history.size(), static_cast<size_t>(req.generated_before));
+    for (size_t i = history.size() - earlier; i < history.size(); ++i) ++counts[history[i]];
     check(cudaMemcpyAsync(ws_->seen, seen.data(), V, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (seen)");
-    check(cudaMemsetAsync(ws_->counts, 0, V * sizeof(int), stream_), "cudaMemsetAsync (counts)");
+    check(cudaMemcpyAsync(ws_->counts, counts.data(), V * sizeof(int), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (counts)");
     check(cudaStreamSynchronize(stream_), "generate setup");
   }
 }
@@ -483,14 +491,14 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
         r.finish_reason = "stop";
         break;
       }
-      if (!keep_going) {
-        s.pending = tok;
-        r.finish_reason = "cancelled";
-        break;
-      }
       if (r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context) {
         s.pending = tok;
         r.finish_reason = "length";
+        break;
+      }
+      if (!keep_going) {  // after the natural ends, whose reason wins (TokenCallback)
+        s.pending = tok;
+        r.finish_reason = "cancelled";
         break;
       }
       if (inflight.empty()) launch_feed(kPrevious);
