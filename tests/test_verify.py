@@ -15,6 +15,7 @@ import pytest
 import lily
 from lily import _lily, synthetic
 from lily.consistency import benchmark_tokens
+from lily.speculative import greedy_round
 
 LILY_TINY = Path(lily.__file__).parent / "models" / "lily-tiny"
 CUDA = "cuda" in _lily.available_devices()
@@ -90,16 +91,16 @@ def test_repeated_rounds_match_plain_decoding(engine):
     rng = np.random.default_rng(3)
     while len(out) < len(want):
         truth = want[len(out) + 1:len(out) + 1 + int(rng.integers(0, 4))]
-        draft = [t if rng.random() < 0.5 else (t + 1) % V for t in truth]
-        step = np.asarray([pending] + draft, np.int32)
-        choice = np.argmax(engine.verify(s, step), axis=1)
-        accepted = 1
-        while accepted < len(step) and step[accepted] == choice[accepted - 1]:
-            accepted += 1
-        engine.keep_verified(s, accepted)
-        out.extend(int(t) for t in step[:accepted])
-        pending = int(choice[accepted - 1])
+        kept, pending = greedy_round(engine, s, pending, [t if rng.random() < 0.5 else (t + 1) % V for t in truth])
+        out.extend(kept)
     assert out[:len(want)] == want
+
+
+def test_argmax_is_the_logits_argmax(engine):
+    base = prefilled(engine, 12)
+    draft = tokens(engine, 4, offset=3)
+    a, b = engine.clone(base), engine.clone(base)
+    assert list(engine.verify(a, draft, logits=False)) == list(np.argmax(engine.verify(b, draft), axis=1))
 
 
 def test_bad_calls_are_refused_and_change_nothing(engine):

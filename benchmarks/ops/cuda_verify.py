@@ -26,6 +26,7 @@ import numpy as np
 
 from lily import _lily, synthetic
 from lily.consistency import benchmark_tokens
+from lily.speculative import greedy_round
 
 
 def speculate(engine, base, first: int, truth: list[int], k: int, oracle: bool, vocab: int):
@@ -36,15 +37,8 @@ def speculate(engine, base, first: int, truth: list[int], k: int, oracle: bool, 
     t0 = time.perf_counter()
     while len(out) < len(truth):
         nxt = truth[len(out) + 1:len(out) + 1 + k]
-        draft = nxt if oracle else [(t + 1) % vocab for t in nxt]
-        step = np.asarray([pending] + draft, np.int32)
-        choice = engine.verify(s, step, logits=False)
-        accepted = 1
-        while accepted < len(step) and step[accepted] == choice[accepted - 1]:
-            accepted += 1
-        engine.keep_verified(s, accepted)
-        out.extend(int(t) for t in step[:accepted])
-        pending = int(choice[accepted - 1])
+        kept, pending = greedy_round(engine, s, pending, nxt if oracle else [(t + 1) % vocab for t in nxt])
+        out.extend(kept)
         rounds += 1
     return out[:len(truth)], time.perf_counter() - t0, rounds
 

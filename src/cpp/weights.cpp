@@ -30,6 +30,17 @@ size_t QWeight::nbytes() const {
 
 namespace {
 
+// A quantized matrix's shape: E experts (0: a plain matrix) of N x K in spec s.
+QWeight shaped(int64_t E, int64_t N, int64_t K, const QuantSpec& s) {
+  QWeight q;
+  q.experts = E ? E : 1;
+  q.rows = N;
+  q.cols = K;
+  q.bits = s.bits;
+  q.group_size = s.group_size;
+  return q;
+}
+
 // Checkpoint name -> lily's canonical name ("layers.3.mlp.gate.weight", "embed_tokens.weight",
 // "lm_head.weight"), or "" for tensors lily does not use (vision tower, MTP head).
 std::string canonical_name(const std::string& name, bool& is_mlx) {
@@ -206,12 +217,7 @@ class Loader {
     expect_shape(wt, with(K * want.bits / 32), std::to_string(want.bits) + "-bit codes of " + matrix + " = " + dims);
     expect_shape(st, with(K / want.group_size), "group-" + std::to_string(want.group_size) + " scales of " + dims);
     expect_shape(*bt, with(K / want.group_size), "group-" + std::to_string(want.group_size) + " biases of " + dims);
-    QWeight q;
-    q.experts = E ? E : 1;
-    q.rows = N;
-    q.cols = K;
-    q.bits = want.bits;
-    q.group_size = want.group_size;
+    QWeight q = shaped(E, N, K, want);
     q.codes = reinterpret_cast<const uint32_t*>(wt.data);
     q.scales = reinterpret_cast<const uint16_t*>(st.data);
     q.biases = reinterpret_cast<const uint16_t*>(bt->data);
@@ -224,12 +230,7 @@ class Loader {
     QuantSpec s = spec_for_float(module);
     if (K % s.group_size) fail(w_.checkpoint->dir(), ": '", module, "' input size ", std::to_string(K),
                                " is not a multiple of the quantization group size ", std::to_string(s.group_size));
-    QWeight q;
-    q.experts = E ? E : 1;
-    q.rows = N;
-    q.cols = K;
-    q.bits = s.bits;
-    q.group_size = s.group_size;
+    QWeight q = shaped(E, N, K, s);
     const int64_t total_rows = q.experts * N;
     auto* codes = reinterpret_cast<uint32_t*>(alloc(total_rows * q.words_per_row() * 4));
     auto* scales = reinterpret_cast<uint16_t*>(alloc(total_rows * q.groups_per_row() * 2));

@@ -160,6 +160,19 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   }
 }
 
+// The head's matrix, input (the final norm of h) and block scratch.
+static HeadArgs head_args(const ModelConfig& c, const DeviceWeights& W, const Workspace& ws) {
+  HeadArgs h;
+  h.W = W.lm_head;
+  h.X.mode = XMode::RmsNorm;
+  h.X.x = ws.h;
+  h.X.w = W.final_norm;
+  h.X.eps = c.rms_norm_eps;
+  h.partial = ws.head_partial;
+  h.counter = ws.head_counter;
+  return h;
+}
+
 void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,
                   bool compute, bool choose, Choice how, cudaStream_t stream) {
   const int* halt = &ws.ctl->halt;
@@ -170,33 +183,19 @@ void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   sink.host = ws.host_tokens.device<int>() + dst;
   sink.counts = ws.counts;
   sink.seen = ws.seen;
-  HeadArgs h;
-  h.W = W.lm_head;
-  h.X.mode = XMode::RmsNorm;
-  h.X.x = ws.h;
-  h.X.w = W.final_norm;
-  h.X.eps = c.rms_norm_eps;
+  HeadArgs h = head_args(c, W, ws);
   h.logits = s.logits[dst];
   h.compute = compute;
   h.select = !choose || how == Choice::TopK ? HeadSelect::None : how == Choice::Greedy ? HeadSelect::Greedy : HeadSelect::Gumbel;
   h.ctl = ws.ctl;
-  h.partial = ws.head_partial;
-  h.counter = ws.head_counter;
   h.sink = sink;
   if (compute || h.select != HeadSelect::None) lm_head(h, halt, stream);
   if (choose && how == Choice::TopK) sample_topk(s.logits[dst], c.vocab_size, ws.ctl, sink, halt, stream);
 }
 
 void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, int rows, cudaStream_t stream) {
-  HeadArgs h;
-  h.W = W.lm_head;
-  h.X.mode = XMode::RmsNorm;
-  h.X.x = ws.h;
-  h.X.w = W.final_norm;
-  h.X.eps = c.rms_norm_eps;
+  HeadArgs h = head_args(c, W, ws);
   h.logits = ws.step_logits;
-  h.partial = ws.head_partial;
-  h.counter = ws.head_counter;
   h.rows = rows;
   h.argmax = ws.step_argmax;
   lm_head(h, &ws.ctl->halt, stream);

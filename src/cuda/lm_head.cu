@@ -38,19 +38,27 @@ struct BlockChoice {
   }
 };
 
+// Once every block has written its partials: true in the last block to get here, which
+// may then read them all (through L2); it resets the counter.
+__device__ bool last_block_done(unsigned* counter) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0;
+  return true;
+}
+
 // Block winner -> partial[block]; the last block to finish reduces them and emits.
 __device__ void finish_selection(const HeadArgs& a, float best, int best_i) {
   __shared__ float red_v[32];
   __shared__ int red_i[32];
-  __shared__ bool last;
   block_best(best, best_i, red_v, red_i);
   if (threadIdx.x == 0) a.partial[blockIdx.x] = make_float2(best, __int_as_float(best_i));
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_done(a.counter)) return;
   best = -FLT_MAX;
   best_i = 0x7fffffff;
   for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
@@ -58,10 +66,7 @@ __device__ void finish_selection(const HeadArgs& a, float best, int best_i) {
     if (better(p.x, __float_as_int(p.y), best, best_i)) { best = p.x; best_i = __float_as_int(p.y); }
   }
   block_best(best, best_i, red_v, red_i);
-  if (threadIdx.x == 0) {
-    emit_token(best_i, a.sink);
-    *a.counter = 0;
-  }
+  if (threadIdx.x == 0) emit_token(best_i, a.sink);
 }
 
 template <int BITS>
@@ -107,7 +112,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_kernel(HeadArgs a, con
 // block to finish writes argmax[t].
 template <int T>
 __device__ void finish_argmax_rows(const HeadArgs& a, float best, int best_i) {
-  __shared__ bool last;
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -116,12 +120,7 @@ __device__ void finish_argmax_rows(const HeadArgs& a, float best, int best_i) {
   }
   if (threadIdx.x < 16 * T && (threadIdx.x & 15) == 0)
     a.partial[(threadIdx.x >> 4) * kLmHeadMaxBlocks + blockIdx.x] = make_float2(best, __int_as_float(best_i));
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_done(a.counter)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (warp < T) {  // warp t reduces row t
     best = -FLT_MAX;
@@ -133,7 +132,6 @@ __device__ void finish_argmax_rows(const HeadArgs& a, float best, int best_i) {
     warp_best(best, best_i);
     if (lane == 0) a.argmax[warp] = best_i;
   }
-  if (threadIdx.x == 0) *a.counter = 0;
 }
 
 // Tensor-core path (tiled weights): 16-row blocks in turn, warps split the groups. T x
