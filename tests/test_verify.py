@@ -127,8 +127,31 @@ def test_bad_calls_are_refused_and_change_nothing(engine):
     assert s.position == 12
     engine.generate(s, 1, _lily.SamplingParams(), []).drain()
     assert s.pending >= 0
+    other = (s.pending + 1) % V
     with pytest.raises(lily.LilyError, match="pending token"):
-        engine.verify(s, tokens(engine, 2))
+        engine.verify(s, np.asarray([other, 1], np.int32))
+    assert s.pending >= 0 and s.position == 12
+    engine.verify(s, np.asarray([s.pending], np.int32))  # the pending token as the first row
+    assert s.pending < 0 and s.position == 13
+    assert engine.max_verify_tokens == 4
+
+
+def test_verify_continues_a_generation(engine):
+    """After generate() (a pending token), rounds fed from the pending token continue the
+    same greedy text; the choices respect a vocabulary limit."""
+    V = int(engine.config["vocab_size"])
+    a, b = prefilled(engine, 9), prefilled(engine, 9)
+    first = engine.generate(a, 3, _lily.SamplingParams(), []).drain()
+    want = engine.generate(b, 9, _lily.SamplingParams(), []).drain()
+    out, pending = first[:-1], a.pending  # the last generated token is pending (chosen, not fed)
+    while len(out) < len(want):
+        kept, pending = greedy_round(engine, a, pending, want[len(out) + 1:len(out) + 3])
+        out.extend(kept)
+    assert out[:len(want)] == want
+    s = prefilled(engine, 9)
+    full = engine.verify(engine.clone(s), tokens(engine, 3), logits=True)
+    limit = V // 3
+    assert list(engine.verify(s, tokens(engine, 3), logits=False, vocab_limit=limit)) == list(np.argmax(full[:, :limit], axis=1))
 
 
 @pytest.mark.gpu

@@ -309,8 +309,8 @@ class PyEngine {
   }
 
   // Speculative verify (Executor::verify): feeds tokens as one step; returns [n, V] logits,
-  // or with logits=False each row's greedy choice [n].
-  nb::object verify(PySession& s, TokenArray tokens, bool want_logits) {
+  // or with logits=False each row's greedy choice [n] among ids < vocab_limit (0: all).
+  nb::object verify(PySession& s, TokenArray tokens, bool want_logits, int64_t vocab_limit) {
     s.check_idle();
     const int64_t n = static_cast<int64_t>(tokens.shape(0));
     const size_t rows = static_cast<size_t>(std::clamp<int64_t>(n, 0, kMaxVerifyTokens));
@@ -323,11 +323,13 @@ class PyEngine {
       if (want_logits) logits.resize(rows * V);
       else argmax.resize(rows);
       state_->executor->verify(*s.session, tokens.data(), n, want_logits ? logits.data() : nullptr,
-                               want_logits ? nullptr : argmax.data());
+                               want_logits ? nullptr : argmax.data(), vocab_limit);
     }
     if (!want_logits) return nb::cast(numpy_owning(std::move(argmax), {rows}));
     return nb::cast(numpy_owning(std::move(logits), {rows, static_cast<size_t>(V)}));
   }
+
+  int64_t max_verify_tokens() const { return state_->executor->max_verify_tokens(); }
 
   void keep_verified(PySession& s, int64_t m) {
     s.check_idle();
@@ -467,7 +469,9 @@ void register_engine(nb::module_& m) {
                   nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
-      .def("verify", &PyEngine::verify, nb::arg("session"), nb::arg("tokens"), nb::arg("logits") = true)
+      .def("verify", &PyEngine::verify, nb::arg("session"), nb::arg("tokens"), nb::arg("logits") = true,
+           nb::arg("vocab_limit") = 0)
+      .def_prop_ro("max_verify_tokens", [](const PyEngine& e) { return e.max_verify_tokens(); })
       .def("keep_verified", &PyEngine::keep_verified, nb::arg("session"), nb::arg("keep"))
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
            nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})

@@ -30,7 +30,6 @@ void check_clone_capacity(const Session& src, int64_t capacity) {
 void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits) {
   const ModelConfig& c = weights_->config;
   if (n <= 0) fail("forward: no tokens given");
-  s.verified = 0;
   check_tokens(c, tokens, n);
   std::vector<int32_t> seq;
   if (s.pending >= 0) seq.push_back(s.pending);
@@ -41,6 +40,7 @@ void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_
          " of its ", std::to_string(s.max_context), " context positions");
   const int64_t V = c.vocab_size;
   const int64_t skip = total - n;  // the pending token's logits are not asked for
+  drop_verified(s);
   s.last_logits.resize(V);
   std::vector<float> chunk_logits;
   for (int64_t begin = 0; begin < total; begin += prefill_chunk) {
@@ -60,17 +60,32 @@ void Executor::forward(Session& s, const int32_t* tokens, int64_t n, float* all_
   }
 }
 
-void Executor::verify(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) {
-  if (n < 1 || n > kMaxVerifyTokens)
-    fail("verify: ", std::to_string(n), " tokens given; a verify step feeds 1 to ", std::to_string(kMaxVerifyTokens));
-  if (s.pending >= 0) fail("verify: the session has a pending token; pass it as the first token to verify");
+void Executor::verify(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
+                      int64_t vocab_limit) {
+  std::string why;
+  const int64_t most = max_verify_tokens(&why);
+  if (most == 0) fail("verify: ", why);
+  if (n < 1 || n > most)
+    fail("verify: ", std::to_string(n), " tokens given; a verify step feeds 1 to ", std::to_string(most),
+         why.empty() ? "" : " (" + why + ")");
+  if (s.pending >= 0 && tokens[0] != s.pending)
+    fail("verify: the session's pending token ", std::to_string(s.pending), " must be the first token, not ",
+         std::to_string(tokens[0]));
   check_tokens(weights_->config, tokens, n);
   if (s.position() + n > s.max_context)
     fail("verify: ", std::to_string(n), " tokens do not fit: the session holds ", std::to_string(s.position()), " of its ",
          std::to_string(s.max_context), " context positions");
-  s.verified = 0;
   if (!logits && !argmax) fail("verify: neither logits nor argmax asked for");
-  verify_step(s, tokens, n, logits, argmax);
+  if (vocab_limit < 0) fail("verify: vocab_limit must be >= 0, got ", std::to_string(vocab_limit));
+  drop_verified(s);
+  const int32_t pending = s.pending;
+  s.pending = -1;  // fed as the first row
+  try {
+    verify_step(s, tokens, n, logits, argmax, std::min<int64_t>(vocab_limit, weights_->config.vocab_size));
+  } catch (...) {
+    s.pending = pending;
+    throw;
+  }
   s.verified = n;
 }
 
@@ -78,14 +93,14 @@ void Executor::keep_verified(Session& s, int64_t m) {
   if (s.verified <= 0) fail("keep_verified: the session's last step was not a verify");
   if (m < 1 || m > s.verified)
     fail("keep_verified: keeps 1 to ", std::to_string(s.verified), " of the verified tokens, not ", std::to_string(m));
-  if (m < s.verified) keep_step(s, s.verified, m);
+  keep_step(s, s.verified, m);
   s.tokens.resize(s.tokens.size() - (s.verified - m));
   s.verified = 0;
 }
 
 GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
   GenerateResult r;
-  s.verified = 0;
+  drop_verified(s);
   if (s.pending >= 0) {
     int32_t t = s.pending;
     s.pending = -1;

@@ -22,8 +22,8 @@ class Session {
   int64_t max_context = 0;        // positions the session may hold
   std::vector<int32_t> tokens;    // tokens fed so far; position = tokens.size()
   int32_t pending = -1;           // chosen by generate(), not yet fed
-  std::vector<float> last_logits; // [V] logits after the last fed token (host copy; a device
-                                  // executor may refresh it only in forward and generate)
+  std::vector<float> last_logits; // [V] logits after the last fed token (host copy; forward and
+                                  // generate refresh it, a device executor's verify steps do not)
   // [layers, E] tokens routed to each expert so far, for executors that count (cpu);
   // empty otherwise.
   std::vector<int64_t> expert_load;
@@ -75,14 +75,18 @@ class Executor {
   // Chooses up to max_tokens tokens, calling on_token for each.
   virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
 
-  // Speculative decoding's verify: feeds tokens[0..n) (1 <= n <= kMaxVerifyTokens; the
-  // session must have no pending token) as one step and writes every fed token's logits
-  // to logits [n, V] (when non-null), row i bit-identical to feeding the tokens one at a
-  // time, and each row's greedy choice to argmax [n] (when non-null; ties to the lower id).
-  // The session then holds all n; keep_verified(s, m) keeps the first m (1 <= m <= n) with
-  // the state after token m - 1 and its logits, without recomputing anything.
-  void verify(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax = nullptr);
+  // Speculative decoding's verify: feeds tokens[0..n) (1 <= n <= max_verify_tokens(); a
+  // pending token must be tokens[0]) as one step and writes every fed token's logits to
+  // logits [n, V] (when non-null), row i bit-identical to feeding the tokens one at a time,
+  // and each row's greedy choice among ids < vocab_limit (0: all; ties to the lower id) to
+  // argmax [n] (when non-null). The session then holds all n; keep_verified(s, m) keeps the
+  // first m (1 <= m <= n) with the state after token m - 1 and its logits, recomputing nothing.
+  void verify(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax = nullptr,
+              int64_t vocab_limit = 0);
   void keep_verified(Session& s, int64_t m);
+  // The most tokens one verify step takes with these weights (<= kMaxVerifyTokens; 0: none),
+  // and in *why the reason when fewer.
+  virtual int64_t max_verify_tokens(std::string* why = nullptr) const { return kMaxVerifyTokens; }
 
   // Snapshots: an independent copy of the session's state with room for `capacity`
   // positions (at least what s holds; a compact snapshot costs only its positions'
@@ -101,10 +105,17 @@ class Executor {
   virtual void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits,
                              float* all_logits) = 0;
   // verify and keep_verified after their checks: verify_step appends the tokens to
-  // s.tokens; keep_step(s, n, m) undoes the last n - m of the n verified (the caller then
-  // drops them from s.tokens).
-  virtual void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) = 0;
+  // s.tokens; keep_step(s, n, m) undoes the last n - m of the n verified (none when m == n;
+  // the caller then drops them from s.tokens); forget_verified(s) drops what a verify kept
+  // for keep_step once anything else touches the session.
+  virtual void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
+                           int64_t vocab_limit) = 0;
   virtual void keep_step(Session& s, int64_t n, int64_t m) = 0;
+  virtual void forget_verified(Session& s) {}
+  void drop_verified(Session& s) {
+    s.verified = 0;
+    forget_verified(s);
+  }
 
   std::shared_ptr<const ModelWeights> weights_;
 };

@@ -316,7 +316,8 @@ bool misaligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t
 
 void attention_decode_tc(const AttnArgs& a, const int* halt, cudaStream_t stream, int rows) {
   using std::to_string;
-  if (rows < 1 || rows > kMaxStepRows) fail("attention_decode_tc: rows must be in [1, ", to_string(kMaxStepRows), "]");
+  if (rows < 1 || rows > kMaxStepRows)
+    fail("attention_decode_tc: ", to_string(rows), " rows; a step takes 1 to ", to_string(kMaxStepRows));
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0 || a.Hq / a.Hkv > kRowsQ)
     fail("attention_decode_tc: needs Hq (", to_string(a.Hq), ") a multiple of Hkv (", to_string(a.Hkv),
          ") with at most ", to_string(kRowsQ), " query heads per KV head");

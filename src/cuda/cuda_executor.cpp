@@ -28,16 +28,19 @@ enum class Graph : int {
   Logits,  // logits[p] = head(h)
   Step,    // feed slot p, logits[1-p], choose into slot 1-p
   Choose,  // choose from logits[p] into slot p
-  Verify,  // feed the workspace's `rows` step tokens from state p, their logits and argmax
+  Verify,  // feed the workspace's `rows` step tokens from state p, their logits and argmax below `limit`
 };
 
 struct GraphKey {
   Graph kind;
   int parity;
-  Choice how;
-  int rows;
+  Choice how;     // the token choice (Step, Choose)
+  int rows = 1;   // Verify: tokens fed
+  int limit = 0;  // Verify: the argmax's vocabulary limit
   auto operator<=>(const GraphKey&) const = default;
 };
+
+static_assert(kMaxVerifyTokens == kMaxStepRows, "a verify is one decode step of several rows");
 
 class CudaSession : public Session {
  public:
@@ -63,12 +66,17 @@ class CudaSession : public Session {
     state_bytes = state_floats * 4;
   }
 
-  // The recurrent state after each verified token but the last, per linear layer (first
-  // verify only: the graphs that write them bake the pointers in).
-  void reserve_state_rows() {
-    if (!dev.state_rows.empty() || dev.ring.empty()) return;
+  // What verify steps write: the recurrent state after each token but the last, per linear
+  // layer (kMaxStepRows - 1 states each), and every row's logits; allocated at the first
+  // verify (the graphs that write them bake the pointers in).
+  void reserve_verify(const ModelConfig& c) {
+    if (dev.verify_logits) return;
+    std::vector<float*> rows;
     for (size_t l = 0; l < dev.ring.size(); ++l)
-      dev.state_rows.push_back(alloc((kMaxStepRows - 1) * state_bytes, "verify states", false).as<float>());
+      rows.push_back(alloc((kMaxStepRows - 1) * state_bytes, "verify states", false).as<float>());
+    float* logits = alloc(static_cast<size_t>(kMaxStepRows) * c.vocab_size * 4, "verify logits", false).as<float>();
+    dev.state_rows = std::move(rows);
+    dev.verify_logits = logits;
   }
   ~CudaSession() override {
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g);
@@ -124,6 +132,7 @@ class CudaExecutor : public Executor {
     prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096, 1, 1 << 20);
     prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2, 1, 1 << 20);
     popt_ = PrefillOptions::from_env(weights_->config);
+    verify_rows_ = verify_rows_limit(weights_->config, *dw_, *ws_, &verify_why_);
     if (!env_flag("LILY_CUDA_PREFILL", true))
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
@@ -140,6 +149,10 @@ class CudaExecutor : public Executor {
   }
 
   std::string device_name() const override { return name_; }
+  int64_t max_verify_tokens(std::string* why) const override {
+    if (why) *why = verify_why_;
+    return verify_rows_;
+  }
   std::string prefill_route() const override { return prefill_route_; }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
@@ -165,11 +178,12 @@ class CudaExecutor : public Executor {
 
  protected:
   void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) override;
-  void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) override;
+  void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
+                   int64_t vocab_limit) override;
   void keep_step(Session& s, int64_t n, int64_t m) override;
 
  private:
-  cudaGraphExec_t graph(CudaSession& s, Graph kind, int p, Choice how, int rows = 1);
+  cudaGraphExec_t graph(CudaSession& s, GraphKey key);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
   void copy_session(CudaSession& dst, const CudaSession& src);
   void prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits);
@@ -191,6 +205,9 @@ class CudaExecutor : public Executor {
   int64_t staging_cap_ = 0;
   std::string prefill_route_;
   int prefill_min_ = 2;  // shorter feeds run through the decode step
+  int verify_rows_ = 0;  // the most tokens a verify step takes (verify_rows_limit), and why no more
+  std::string verify_why_;
+  MappedHostBuffer kept_pos_{sizeof(int)};  // keep_step's new position
   PrefillOptions popt_;
   std::unique_ptr<PrefillWorkspace> pws_;
 };
@@ -203,14 +220,15 @@ void CudaExecutor::reserve_staging(int64_t n) {
   staging_cap_ = n;
 }
 
-cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice how, int rows) {
-  const GraphKey key{kind, p, how, rows};
+cudaGraphExec_t CudaExecutor::graph(CudaSession& s, GraphKey key) {
   if (auto it = s.graphs.find(key); it != s.graphs.end()) return it->second;
+  const int p = key.parity;
+  const Choice how = key.how;
   const ModelConfig& c = weights_->config;
   cudaGraph_t g = nullptr;
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   try {
-    switch (kind) {
+    switch (key.kind) {
       case Graph::Body: enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->tok_slots + p, 1, stream_); break;
       case Graph::Logits: enqueue_head(c, *dw_, *ws_, s.dev, p, true, false, how, stream_); break;
       case Graph::Step:
@@ -219,8 +237,8 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, Graph kind, int p, Choice ho
         break;
       case Graph::Choose: enqueue_head(c, *dw_, *ws_, s.dev, p, false, true, how, stream_); break;
       case Graph::Verify:
-        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->step_tokens, rows, stream_);
-        enqueue_verify_head(c, *dw_, *ws_, rows, stream_);
+        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->step_tokens, key.rows, stream_);
+        enqueue_verify_head(c, *dw_, *ws_, s.dev, key.rows, key.limit, stream_);
         break;
     }
   } catch (...) {
@@ -292,61 +310,60 @@ void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n
   }
   const int64_t V = weights_->config.vocab_size;
   for (int p = 0; p < 2; ++p) {  // capture before anything is queued
-    graph(s, Graph::Body, p, Choice::Greedy);
-    graph(s, Graph::Logits, p, Choice::Greedy);
+    graph(s, {Graph::Body, p, Choice::Greedy});
+    graph(s, {Graph::Logits, p, Choice::Greedy});
   }
   reserve_staging(n);
   std::copy(tokens, tokens + n, staging_);
   for (int64_t i = 0; i < n; ++i) {
     check(cudaMemcpyAsync(ws_->tok_slots + s.parity, staging_ + i, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (token)");
-    run(graph(s, Graph::Body, s.parity, Choice::Greedy));
+    run(graph(s, {Graph::Body, s.parity, Choice::Greedy}));
     s.parity ^= 1;
     if (all_logits) {
-      run(graph(s, Graph::Logits, s.parity, Choice::Greedy));
+      run(graph(s, {Graph::Logits, s.parity, Choice::Greedy}));
       check(cudaMemcpyAsync(all_logits + i * V, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync (logits)");
     }
   }
-  if (!all_logits) run(graph(s, Graph::Logits, s.parity, Choice::Greedy));
+  if (!all_logits) run(graph(s, {Graph::Logits, s.parity, Choice::Greedy}));
   check(cudaMemcpyAsync(last_logits, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
         "cudaMemcpyAsync (logits)");
   check(cudaStreamSynchronize(stream_), "forward (decode step kernels)");
 }
 
 // Verify: one step of n rows (decode_step.h) from state[parity]; the state after the last
-// row lands in state[1 - parity] (then current), the others in state_rows.
-void CudaExecutor::verify_step(Session& base, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) {
+// row lands in state[1 - parity] (then current), the others in state_rows. One host wait.
+void CudaExecutor::verify_step(Session& base, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
+                               int64_t vocab_limit) {
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
-  if (std::string why; !verify_supported(*dw_, *ws_, &why)) fail("verify: ", why);
   const int64_t V = weights_->config.vocab_size;
-  const int rows = static_cast<int>(n);
-  s.reserve_state_rows();
-  cudaGraphExec_t g = graph(s, Graph::Verify, s.parity, Choice::Greedy, rows);
+  s.reserve_verify(weights_->config);
+  cudaGraphExec_t g = graph(s, {Graph::Verify, s.parity, Choice::Greedy, static_cast<int>(n), static_cast<int>(vocab_limit)});
   reserve_staging(n);
   std::copy(tokens, tokens + n, staging_);
   check(cudaMemcpyAsync(ws_->step_tokens, staging_, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (verify tokens)");
   run(g);
   if (logits)
-    check(cudaMemcpyAsync(logits, ws_->step_logits, n * V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (logits)");
+    check(cudaMemcpyAsync(logits, s.dev.verify_logits, n * V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (logits)");
   if (argmax)
     check(cudaMemcpyAsync(staging_, ws_->step_argmax, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync (argmax)");
   s.parity ^= 1;
-  check(cudaMemcpyAsync(s.dev.logits[s.parity], ws_->step_logits + (n - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
+  check(cudaMemcpyAsync(s.dev.logits[s.parity], s.dev.verify_logits + (n - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync (logits)");
   check(cudaStreamSynchronize(stream_), "verify");
   if (argmax) std::copy(staging_, staging_ + n, argmax);
-  if (logits) s.last_logits.assign(logits + (n - 1) * V, logits + n * V);  // else left for forward / generate to refresh
   s.tokens.insert(s.tokens.end(), tokens, tokens + n);
 }
 
 // Keeps m of the n verified rows: the state after row m - 1 becomes current, its logits
-// too, and the position steps back (the dropped rows' K/V and ring rows lie past it). The
-// host copy of the logits is left to forward / generate (a round's 1 MB at 35B-A3B).
+// too, and the position steps back (the dropped rows' K/V and ring rows lie past it). No
+// host wait: the next verify's waits for this; the position goes from its own pinned word.
 void CudaExecutor::keep_step(Session& base, int64_t n, int64_t m) {
+  if (m == n) return;
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
   const int64_t V = weights_->config.vocab_size;
@@ -354,11 +371,11 @@ void CudaExecutor::keep_step(Session& base, int64_t n, int64_t m) {
     check(cudaMemcpyAsync(s.dev.state[s.parity][l], s.dev.state_rows[l] + (m - 1) * (s.state_bytes / 4), s.state_bytes,
                           cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpyAsync (verify state)");
-  check(cudaMemcpyAsync(s.dev.logits[s.parity], ws_->step_logits + (m - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
+  check(cudaMemcpyAsync(s.dev.logits[s.parity], s.dev.verify_logits + (m - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync (logits)");
-  staging_[0] = static_cast<int32_t>(s.position() - (n - m));
-  check(cudaMemcpyAsync(s.dev.pos, staging_, sizeof(int), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (position)");
-  check(cudaStreamSynchronize(stream_), "keep_verified");
+  *kept_pos_.host<int>() = static_cast<int>(s.position() - (n - m));
+  check(cudaMemcpyAsync(s.dev.pos, kept_pos_.host<int>(), sizeof(int), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (position)");
 }
 
 void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) {
@@ -421,13 +438,13 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
 GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req, const TokenCallback& on_token) {
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
-  s.verified = 0;
+  drop_verified(s);
   GenerateResult r;
   if (s.pending >= 0 && s.position() + 1 > s.max_context) {
     r.finish_reason = "length";
     return r;
   }
-  if (s.pending < 0 && s.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
+  if (s.pending < 0 && s.position() == 0) fail("generate: the session is empty; prefill a prompt first");
   Sampler validate_params(req.sampling);
   if (req.max_tokens <= 0) {
     if (s.pending >= 0) {
@@ -440,8 +457,8 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
   }
   const Choice how = choice_for(req.sampling);
   for (int p = 0; p < 2; ++p) {  // capture before anything is queued
-    graph(s, Graph::Step, p, how);
-    graph(s, Graph::Choose, p, how);
+    graph(s, {Graph::Step, p, how});
+    graph(s, {Graph::Choose, p, how});
   }
   upload_ctl(s, req);
   const int64_t V = weights_->config.vocab_size;
@@ -451,7 +468,7 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
   std::deque<Item> inflight;
   int lp = s.parity;  // parity of the next feeding step
   auto launch_feed = [&](int32_t fed) {
-    run(graph(s, Graph::Step, lp, how));
+    run(graph(s, {Graph::Step, lp, how}));
     check(cudaEventRecord(events_[1 - lp], stream_), "cudaEventRecord");
     inflight.push_back({fed, 1 - lp});
     lp ^= 1;
@@ -465,7 +482,7 @@ GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req,
     launch_feed(s.pending);
     ++fed_after_first;
   } else {
-    run(graph(s, Graph::Choose, lp, how));
+    run(graph(s, {Graph::Choose, lp, how}));
     check(cudaEventRecord(events_[lp], stream_), "cudaEventRecord");
     inflight.push_back({kNone, lp});
   }
@@ -595,7 +612,7 @@ void CudaExecutor::copy_session(CudaSession& dst, const CudaSession& src) {
   dst.pending = src.pending;
   dst.last_logits = src.last_logits;
   dst.parity = src.parity;
-  dst.verified = 0;
+  drop_verified(dst);
 }
 
 }  // namespace

@@ -45,26 +45,50 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   counts = alloc<int>(V, "workspace token counts");
   seen = alloc<unsigned char>(V, "workspace seen tokens");
   step_tokens = alloc<int>(T, "workspace verify tokens");
-  step_logits = alloc<float>(T * V, "workspace verify logits");
   step_argmax = alloc<int>(T, "workspace verify argmax");
 }
 
-bool verify_supported(const DeviceWeights& W, const Workspace& ws, std::string* why) {
+int verify_rows_limit(const ModelConfig& c, const DeviceWeights& W, const Workspace& ws, std::string* why) {
   auto no = [&](std::string reason) {
     if (why) *why = std::move(reason);
-    return false;
+    return 0;
   };
-  const char* layout = " is not in the tensor-core layout (4-bit, group 64, at most 4096 columns)";
-  if (!W.lm_head.tiled) return no(std::string("lm_head") + layout);
+  const char* layout = " in the tensor-core layout (4-bit, group 64, at most 4096 columns)";
+  if (!W.lm_head.tiled) return no(std::string("lm_head is not") + layout);
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const DeviceLayer& L = W.layers[i];
     const std::string at = "layer " + std::to_string(i) + "'s ";
-    if (L.kind == LayerKind::Linear && !(L.gdn_in.tiled && L.gdn_out.tiled)) return no(at + "GDN projections" + layout);
-    if (L.kind == LayerKind::Full && !(L.attn_in.tiled && L.attn_out.tiled)) return no(at + "attention projections" + layout);
-    if (!tiled(L.experts)) return no(at + "expert weights" + layout);
+    if (L.kind == LayerKind::Linear && !(L.gdn_in.tiled && L.gdn_out.tiled)) return no(at + "GDN projections are not" + layout);
+    if (L.kind == LayerKind::Full && !(L.attn_in.tiled && L.attn_out.tiled))
+      return no(at + "attention projections are not" + layout);
+    if (!tiled(L.experts)) return no(at + "expert weights are not" + layout);
   }
   if (!ws.attn_tensor_cores) return no("several tokens a step need the tensor-core attention (LILY_CUDA_ATTN_TC=0 is set)");
-  return true;
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  const int k = static_cast<int>(c.num_experts_per_tok), E = static_cast<int>(c.num_experts);
+  // The most rows whose kernels all fit: the expert union's (token, slot) lanes, and each
+  // kernel's shared memory for that many staged rows.
+  auto fits = [&](int rows, std::string& reason) {
+    if (k * rows > 32) return reason = "top_k " + std::to_string(k) + " x rows is more than 32 (token, slot) pairs", false;
+    for (const DeviceLayer& L : W.layers) {
+      if (moe_router_smem_bytes(L.router, E, rows) > kRouterMaxSmem) return reason = "the router's shared memory", false;
+      if (moe_down_smem_bytes(L.experts, k, rows) > static_cast<size_t>(optin)) return reason = "moe_down's shared memory", false;
+      for (const QMat* m : {&L.gdn_in, &L.gdn_out, &L.attn_in, &L.attn_out})
+        if (m->rows && gemv_smem_bytes(*m, rows) > static_cast<size_t>(optin)) return reason = "a projection's shared memory", false;
+    }
+    if (gemv_smem_bytes(W.lm_head, rows) > static_cast<size_t>(optin)) return reason = "lm_head's shared memory", false;
+    return true;
+  };
+  std::string reason;
+  for (int rows = kMaxStepRows; rows >= 1; --rows) {
+    if (fits(rows, reason)) {
+      if (why && rows < kMaxStepRows) *why = "more rows exceed " + reason;
+      return rows;
+    }
+  }
+  return no("a one-token step does not fit: " + reason);
 }
 
 Choice choice_for(const SamplingParams& p) {
@@ -140,7 +164,7 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       else if (rows == 1)
         attention_decode(a, halt, stream);
       else
-        fail("decode: a several-token step needs the tensor-core attention (LILY_CUDA_ATTN_TC=0 is set)");
+        fail("decode: several tokens a step need the tensor-core attention");  // verify_rows_limit refuses first
       XSpec xo;
       xo.x = ws.mix;
       gemv(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream, rows);
@@ -193,11 +217,13 @@ void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
   if (choose && how == Choice::TopK) sample_topk(s.logits[dst], c.vocab_size, ws.ctl, sink, halt, stream);
 }
 
-void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, int rows, cudaStream_t stream) {
+void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int rows,
+                         int vocab_limit, cudaStream_t stream) {
   HeadArgs h = head_args(c, W, ws);
-  h.logits = ws.step_logits;
+  h.logits = s.verify_logits;
   h.rows = rows;
   h.argmax = ws.step_argmax;
+  h.argmax_limit = vocab_limit;
   lm_head(h, &ws.ctl->halt, stream);
 }
 

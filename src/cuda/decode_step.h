@@ -21,6 +21,7 @@ struct SessionState {
   std::vector<float*> ring;                 // per linear layer: [kGdnRingRows][conv_dim]
   std::vector<float*> state[2];             // per linear layer, double-buffered [Hv*Dk*Dv]
   std::vector<float*> state_rows;           // per linear layer, [kMaxStepRows - 1][Hv*Dk*Dv] (verify steps)
+  float* verify_logits = nullptr;           // [kMaxStepRows][V] a verify step's logits
   float* logits[2] = {nullptr, nullptr};    // [V]; logits[parity] hold the current ones
   int* pos = nullptr;                       // tokens fed so far
   int ctx = 0;                              // positions the KV cache holds
@@ -43,7 +44,6 @@ class Workspace {
   int max_splits = AttnArgs{}.max_splits;  // attention split-K routing (attention_decode.h)
   int min_chunk = AttnArgs{}.min_chunk;    // LILY_CUDA_ATTN_SPLIT_KEYS=N
   int* step_tokens = nullptr;   // [kMaxStepRows] a verify step's tokens
-  float* step_logits = nullptr; // [kMaxStepRows][V] its logits
   int* step_argmax = nullptr;   // [kMaxStepRows] its greedy choices
 
  private:
@@ -54,8 +54,9 @@ class Workspace {
 
 enum class Choice : int { Greedy, Gumbel, TopK };
 
-// Whether these weights take several-token (verify) steps; otherwise why not.
-bool verify_supported(const DeviceWeights& W, const Workspace& ws, std::string* why);
+// The most tokens a verify step of these weights takes (0: none, and why; fewer than
+// kMaxStepRows: why no more).
+int verify_rows_limit(const ModelConfig& c, const DeviceWeights& W, const Workspace& ws, std::string* why);
 
 Choice choice_for(const SamplingParams& p);
 
@@ -70,8 +71,9 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
 void enqueue_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int dst,
                   bool compute, bool choose, Choice how, cudaStream_t stream);
 
-// A verify step's head: ws.step_logits[r] = lm_head(norm(h[r])) and ws.step_argmax[r] for
-// every row r < rows.
-void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, int rows, cudaStream_t stream);
+// A verify step's head: s.verify_logits[r] = lm_head(norm(h[r])) and ws.step_argmax[r]
+// (its argmax below vocab_limit; 0: all) for every row r < rows.
+void enqueue_verify_head(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, const SessionState& s, int rows,
+                         int vocab_limit, cudaStream_t stream);
 
 }  // namespace lily::cuda

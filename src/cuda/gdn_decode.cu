@@ -117,9 +117,8 @@ void gdn_decode(const GdnArgs& a, const int* halt, cudaStream_t stream, int rows
   if (a.Dv % kGdnSplit != 0 || a.Dv / kGdnSplit * 4 > 128) fail("gdn_decode: value head dim must be a multiple of 4, <= 128");
   if (a.Hk <= 0 || a.Hv % a.Hk != 0) fail("gdn_decode: value heads must be a multiple of key heads");
   if (!a.norm_w) fail("gdn_decode: the gated norm weight (norm_w) is missing");
-  if (rows < 1 || rows > kMaxStepRows) fail("gdn_decode: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
   if (rows > 1 && !a.state_rows) fail("gdn_decode: ", std::to_string(rows), " rows need state_rows");
-  with_step_rows(rows, [&](auto t) {
+  with_step_rows("gdn_decode", rows, [&](auto t) {
     launch_clustered("gdn_decode", kGdnSplit, gdn_decode_kernel<t>, dim3(kGdnSplit, a.Hv), dim3(128), 0, stream, a, halt);
   });
 }

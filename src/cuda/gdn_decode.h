@@ -11,8 +11,8 @@
 // at pos, pos + 1, ... are stepped in order, each exactly as alone (proj and out rows
 // contiguous); the state after token r < rows - 1 goes to state_rows + r * Hv*Dk*Dv, the
 // last to state_out, so a speculative step can keep any prefix of its tokens. The ring
-// holds 8 rows: the 3 a position reads stay intact while rows - 1 <= 4 later positions
-// of a discarded speculation are written.
+// holds 8 rows: a step writes up to kMaxStepRows rows while its tokens read the 3 before
+// each, and a discarded row never overwrites one that a later position reads.
 // pos, the ring, state_in and the weights are read before the wait on the kernel launched just before
 // (PDL), which must therefore write none of them (decode writes proj there); any earlier
 // kernel may, as every kernel here lets its dependents start only after its own wait.

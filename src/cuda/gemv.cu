@@ -136,9 +136,12 @@ void pick_tile(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, c
 
 }  // namespace
 
+size_t gemv_smem_bytes(const QMat& W, int rows) {
+  return W.tiled ? stage_mma_bytes(W.cols, rows) : W.bits == 4 ? stage_bytes<4>(W.cols, rows) : stage_bytes<8>(W.cols, rows);
+}
+
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, int rows) {
   if (W.cols % 32 != 0 || W.cols > 12288) fail("gemv: cols ", std::to_string(W.cols), " must be a multiple of 32, <= 12288");
-  if (rows < 1 || rows > kMaxStepRows) fail("gemv: rows ", std::to_string(rows), " must be in [1, ", std::to_string(kMaxStepRows), "]");
   if (rows > 1 && !W.tiled) fail("gemv: ", std::to_string(rows), " x rows need tiled (tensor-core) weights");
   if (W.tiled) {
     // Both block shapes take the same widths: 8 groups of 64 columns a warp of 8.
@@ -148,7 +151,7 @@ void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaSt
     // One row block per multiprocessor or fewer (the out-projections): a block of 16 warps,
     // twice the loads in flight behind each multiprocessor's tiles.
     const bool wide = (W.rows + 15) / 16 <= sm_count();
-    with_step_rows(rows, [&](auto t) {
+    with_step_rows("gemv", rows, [&](auto t) {
       if (wide)
         with_groups_per_warp(W.cols, 16, "gemv", [&](auto gpw) { launch_gemv_mma<16, gpw, t>(W, X, Y, halt, stream); });
       else

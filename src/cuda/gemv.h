@@ -24,4 +24,7 @@ struct YSpec {
 // every kernel here lets its dependents start only after its own wait.
 void gemv(const QMat& W, const XSpec& X, const YSpec& Y, const int* halt, cudaStream_t stream, int rows = 1);
 
+// Dynamic shared memory of a gemv (and of the tensor-core lm_head) over W for `rows` tokens.
+size_t gemv_smem_bytes(const QMat& W, int rows);
+
 }  // namespace lily::cuda

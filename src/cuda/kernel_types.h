@@ -3,7 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
+
+#include "error.h"
 
 namespace lily::cuda {
 
@@ -12,9 +15,12 @@ namespace lily::cuda {
 // as a single-row step would (the 4 column pairs of an mma.m16n8k16 hold 4 rows: qmma.cuh).
 constexpr int kMaxStepRows = 4;
 
-// f(std::integral_constant<int, T>{}) for rows T in [1, kMaxStepRows] (checked by the caller).
+// f(std::integral_constant<int, T>{}) for rows T in [1, kMaxStepRows]; other counts are
+// refused, naming `op`.
 template <class F>
-void with_step_rows(int rows, F f) {
+void with_step_rows(const char* op, int rows, F f) {
+  if (rows < 1 || rows > kMaxStepRows)
+    fail(op, ": ", std::to_string(rows), " rows; a step takes 1 to ", std::to_string(kMaxStepRows));
   if (rows == 1) f(std::integral_constant<int, 1>{});
   else if (rows == 2) f(std::integral_constant<int, 2>{});
   else if (rows == 3) f(std::integral_constant<int, 3>{});

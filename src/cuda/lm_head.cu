@@ -150,9 +150,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
   MmaTiles<GPW> next;
   if (rb < n_rb) next.load(W, rb, g0, G, lane);
   if (wait_halted(halt)) return;
-  BlockChoice ch(a);
-  const int limit = T == 1 ? ch.limit : a.argmax_limit > 0 ? min(a.argmax_limit, W.rows) : W.rows;
-  float best = -FLT_MAX;  // T > 1: this thread's row's best so far
+  BlockChoice ch(a);  // one row choosing a token (decode); otherwise each row's argmax (verify)
+  const bool rows_argmax = !ch.on && a.argmax;
+  const int limit = ch.on ? ch.limit : a.argmax_limit > 0 ? min(a.argmax_limit, W.rows) : W.rows;
+  float best = -FLT_MAX;  // rows_argmax: this thread's row's best so far
   int best_i = 0x7fffffff;
   stage_x_mma<T>(a.X, W.cols, st);
   const MmaRows xr = mma_rows<T>(st, W.cols, lane);
@@ -165,20 +166,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2) lm_head_mma_kernel(HeadArgs a,
     const int r = rb * 16 + r_out;
     if (threadIdx.x < 16 * T && r < W.rows) {
       a.logits[static_cast<size_t>(t_out) * W.rows + r] = y;
-      if constexpr (T == 1) {
-        if (ch.on) ch.offer(a, y, r);
-      } else if (r < limit && better(y, r, best, best_i)) {
+      if (ch.on) {
+        ch.offer(a, y, r);
+      } else if (rows_argmax && r < limit && better(y, r, best, best_i)) {
         best = y;
         best_i = r;
       }
     }
   }
   timeline_done();
-  if constexpr (T == 1) {
-    if (ch.on) finish_selection(a, ch.best, ch.best_i);
-  } else if (a.argmax) {
-    finish_argmax_rows<T>(a, best, best_i);
-  }
+  if (ch.on) finish_selection(a, ch.best, ch.best_i);
+  else if (rows_argmax) finish_argmax_rows<T>(a, best, best_i);
 }
 
 template <int BITS>
@@ -214,11 +212,12 @@ void launch_head_mma(const HeadArgs& a, const int* halt, cudaStream_t stream) {
 
 void lm_head(const HeadArgs& a, const int* halt, cudaStream_t stream) {
   if (a.W.cols % 32 != 0) fail("lm_head: hidden size must be a multiple of 32");
-  if (a.rows < 1 || a.rows > kMaxStepRows) fail("lm_head: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
   if (a.rows > 1 && (!a.compute || !a.W.tiled || a.select != HeadSelect::None))
     fail("lm_head: several rows need tiled weights, computed logits and no token choice (argmax per row instead)");
+  if (a.argmax && (!a.compute || !a.W.tiled || a.select != HeadSelect::None))
+    fail("lm_head: argmax per row needs tiled weights, computed logits and no token choice");
   if (a.compute && a.W.tiled) {
-    with_step_rows(a.rows, [&](auto t) {
+    with_step_rows("lm_head", a.rows, [&](auto t) {
       with_groups_per_warp(a.W.cols, kWarps, "lm_head", [&](auto gpw) { launch_head_mma<gpw, t>(a, halt, stream); });
     });
   } else if (a.W.bits == 4 || !a.compute) launch_head<4>(a, halt, stream);

@@ -207,39 +207,39 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   if (wait_halted(halt)) return;
   timeline_mark(0);
   static_assert(kMoeMaxTopK <= 32, "a lane per (token, slot)");
+  // The routed tasks, (expert u, row block): expert(u) is u's id, slots(u, slot) where each
+  // token has it (-1: not chosen).
+  auto walk = [&](int routed, auto expert, auto slots) {
+    auto row_block = [&](int task) { return expert(task / rbe) * rbe + task % rbe; };
+    int task = blockIdx.x;
+    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
+    for (; task < routed; task += grid) {
+      const MmaTiles<GPW> cur = next;
+      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
+      int slot[T];
+      slots(task / rbe, slot);
+      const int r8 = 8 * (task % rbe);
+      finish(cur, xr, [&](int t) {
+        int s = -1;
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+          if (i == t) s = slot[i];
+        return s < 0 ? -1 : s * I + r8;
+      }, task == static_cast<int>(blockIdx.x));
+    }
+  };
   if constexpr (T == 1) {
     // Lane i holds slot i's expert (k <= kMoeMaxTopK <= 32), read through L2 (the router wrote
     // it); tasks are block-uniform, so every warp shuffles the one it needs without a block barrier.
     const int lane_expert = __ldcg(ids + min(lane, k - 1));
-    auto row_block = [&](int task) { return __shfl_sync(0xffffffffu, lane_expert, task / rbe) * rbe + task % rbe; };
-    const int routed = k * rbe;
-    int task = blockIdx.x;
-    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
-    for (; task < routed; task += grid) {
-      const MmaTiles<GPW> cur = next;
-      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
-      finish(cur, xr, [&](int) { return (task / rbe) * I + 8 * (task % rbe); }, task == static_cast<int>(blockIdx.x));
-    }
+    walk(k * rbe, [&](int u) { return __shfl_sync(0xffffffffu, lane_expert, u); }, [](int u, int (&slot)[T]) { slot[0] = u; });
   } else {
     const ExpertUnion<T> un(ids, k, m.n_experts);
-    const int routed = un.n * rbe;
-    auto row_block = [&](int task) { return un.expert(task / rbe) * rbe + task % rbe; };
-    int task = blockIdx.x;
-    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
-    for (; task < routed; task += grid) {
-      const MmaTiles<GPW> cur = next;
-      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
-      const int e = un.expert(task / rbe), r8 = 8 * (task % rbe);
-      int slot[T];
+    walk(un.n * rbe, [&](int u) { return un.expert(u); }, [&](int u, int (&slot)[T]) {
+      const int e = un.expert(u);
 #pragma unroll
       for (int t = 0; t < T; ++t) slot[t] = un.slot_of(e, t, k);
-      finish(cur, xr, [&](int t) {
-        int s = -1;
-#pragma unroll
-        for (int i = 0; i < T; ++i) if (i == t) s = slot[i];
-        return s < 0 ? -1 : s * I + r8;
-      }, task == static_cast<int>(blockIdx.x));
-    }
+    });
   }
   timeline_done();
 }
@@ -460,7 +460,8 @@ bool tiled(const MoeExperts& m) {
 // Several rows (tokens) need the tensor-core kernels, and every (token, slot) a lane of the
 // expert union (k * rows <= 32).
 static void check_rows(const MoeExperts& m, int k, int rows, const char* op) {
-  if (rows < 1 || rows > kMaxStepRows) fail(op, ": rows must be in [1, ", std::to_string(kMaxStepRows), "]");
+  if (rows < 1 || rows > kMaxStepRows)
+    fail(op, ": ", std::to_string(rows), " rows; a step takes 1 to ", std::to_string(kMaxStepRows));
   if (rows > 1 && !tiled(m)) fail(op, ": ", std::to_string(rows), " rows need tiled (tensor-core) expert weights");
   if (k * rows > 32) fail(op, ": top_k ", std::to_string(k), " x ", std::to_string(rows), " rows is more than 32 (token, slot) pairs");
 }
@@ -474,7 +475,7 @@ void moe_gate_up(const MoeExperts& m, const XSpec& X, const int* ids, int top_k,
     // of the larger set (the routed ones of up to rows * k experts), at most two per SM.
     const int H = m.gate_up.cols, routed = rows * top_k * 2 * m.inter / 16, shared = 2 * m.shared_inter / 16;
     const int grid = std::min(std::max(routed, shared), 2 * sm_count());
-    with_step_rows(rows, [&](auto t) {
+    with_step_rows("moe_gate_up", rows, [&](auto t) {
       with_groups_per_warp(H, kWarps, "moe_gate_up", [&](auto gpw) {
         auto kernel = gate_up_mma_kernel<gpw, t>;
         const size_t smem = stage_mma_bytes(H, t);
@@ -515,7 +516,7 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
     auto with_warps = [&](auto w) {
       constexpr int W = decltype(w)::value;
       if (rows > 1) {
-        with_step_rows(rows, [&](auto t) {
+        with_step_rows("moe_down", rows, [&](auto t) {
           if constexpr (decltype(t)::value > 1) run(down_mma_kernel<W, 5, decltype(t)::value>, W * 32);
         });
       } else if (u <= 2) run(down_mma_kernel<W, 2, 1>, W * 32);

@@ -42,9 +42,9 @@ void moe_down(const MoeExperts& m, const float* act, const int* ids, const float
 
 // Warps per block of the tensor-core moe_down for hidden size H: kMoeDownMaxWarps when its
 // H / 16 row blocks fit one per multiprocessor (twice the loads in flight behind a
-// multiprocessor's bytes: 41 KB a block at 35B-A3B), else 8. Each expert's partial sums
-// over its input groups come first (in chunks of 4 groups, in order), then each token adds
-// its experts' partials in slot order, weighted, and the shared expert's last.
+// multiprocessor's bytes), else 8. A token's sum: each (slot, group) pair's partial, then
+// weight x partial over the token's pairs in slot-major order, lane L of a warp taking the
+// pairs q = L mod 32 in order and the warp's butterfly adding the lanes.
 constexpr int kMoeDownMaxWarps = 16;
 int moe_down_warps(int hidden);
 

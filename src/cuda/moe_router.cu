@@ -61,8 +61,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 template <int BITS, int T>
 void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, const RouterOut& out, const int* halt,
                    cudaStream_t stream, int max_cluster) {
-  const size_t smem = T * route_smem_bytes(E) + stage_bytes<BITS>(W.cols, T);
-  if (smem > 48 * 1024) fail("moe_router: hidden size or expert count too large");
+  const size_t smem = moe_router_smem_bytes(W, E, T);
+  if (smem > kRouterMaxSmem)
+    fail("moe_router: ", std::to_string(T), " rows of hidden size ", std::to_string(W.cols), " and ", std::to_string(E),
+         " experts need ", std::to_string(smem), " bytes of shared memory, more than ", std::to_string(kRouterMaxSmem));
   const int chunks = W.chunks();
   auto kernel = chunks <= 32 ? router_kernel<BITS, 1, T> : chunks <= 64 ? router_kernel<BITS, 2, T> : router_kernel<BITS, 4, T>;
   const int threads = kMaxWarps * 32;  // sized below; the cluster size is queried at the largest block
@@ -74,6 +76,11 @@ void launch_router(const QMat& W, const XSpec& X, int E, int k, bool norm_topk, 
 
 }  // namespace
 
+size_t moe_router_smem_bytes(const QMat& W, int n_experts, int rows) {
+  const size_t stage = W.bits == 4 ? stage_bytes<4>(W.cols, rows) : stage_bytes<8>(W.cols, rows);
+  return rows * route_smem_bytes(n_experts) + stage;
+}
+
 void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool norm_topk, const RouterOut& out,
                 const int* halt, cudaStream_t stream, int max_cluster, int rows) {
   if (W.rows != n_experts + 1) fail("moe_router: W must hold E router rows plus the shared-expert gate row");
@@ -82,9 +89,8 @@ void moe_router(const QMat& W, const XSpec& X, int n_experts, int top_k, bool no
   if (n_experts > kMoeMaxExperts) fail("moe_router: more than ", std::to_string(kMoeMaxExperts), " experts");
   if (top_k < 1 || top_k > kMoeMaxTopK || top_k > n_experts) fail("moe_router: top_k must be in [1, ", std::to_string(kMoeMaxTopK), "]");
   if (W.cols % 32 != 0) fail("moe_router: hidden size must be a multiple of 32");
-  if (rows < 1 || rows > kMaxStepRows) fail("moe_router: rows must be in [1, ", std::to_string(kMaxStepRows), "]");
   if (W.bits != 4 && W.bits != 8) fail("moe_router: ", std::to_string(W.bits), "-bit router weights are not supported");
-  with_step_rows(rows, [&](auto t) {
+  with_step_rows("moe_router", rows, [&](auto t) {
     if (W.bits == 4) launch_router<4, t>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
     else launch_router<8, t>(W, X, n_experts, top_k, norm_topk, out, halt, stream, max_cluster);
   });

@@ -6,6 +6,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "kernel_types.h"
 
 namespace lily::cuda {
@@ -21,6 +23,11 @@ struct RouterOut {  // per token t of the rows, at t * (E + 1), t * k and t
 // above 8). A partitioned GPU (MIG, MPS) may place fewer: the router then takes the
 // largest size it gets, down to one block; max_cluster caps it (tests run those sizes).
 constexpr int kRouterMaxCluster = 16;
+
+// Dynamic shared memory of the router for `rows` tokens; at most kRouterMaxSmem (a cluster's
+// blocks are not given more).
+constexpr size_t kRouterMaxSmem = 48 * 1024;
+size_t moe_router_smem_bytes(const QMat& W, int n_experts, int rows);
 
 // W: [E + 1, H]; X: how x is built (RMSNorm of h with the post-attention norm; token t's h
 // at X.x + t * H).

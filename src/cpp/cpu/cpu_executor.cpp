@@ -64,8 +64,7 @@ class CpuExecutor : public Executor {
     check_clone_capacity(s, capacity);
     auto copy = std::make_unique<CpuSession>(as_cpu(s, "clone"));
     copy->max_context = capacity;
-    copy->verified = 0;
-    copy->verified_rows.clear();
+    drop_verified(*copy);
     return copy;
   }
 
@@ -74,7 +73,7 @@ class CpuExecutor : public Executor {
     const int64_t capacity = dst.max_context;
     as_cpu(dst, "restore") = as_cpu(src, "restore");
     dst.max_context = capacity;
-    dst.verified = 0;
+    drop_verified(dst);
   }
 
  protected:
@@ -119,17 +118,20 @@ class CpuExecutor : public Executor {
 
   // One token at a time (each row is then exactly a single-token step), keeping what
   // keep_step needs to return to any of them.
-  void verify_step(Session& session, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax) override {
+  void verify_step(Session& session, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
+                   int64_t vocab_limit) override {
     CpuSession& s = as_cpu(session, "verify");
     const ModelConfig& c = weights_->config;
-    const int64_t V = c.vocab_size;
+    const int64_t V = c.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V;
     s.verified_rows.assign(n - 1, {});
     s.last_logits.resize(V);
     for (int64_t i = 0; i < n; ++i) {
       forward_chunk(s, tokens + i, 1, s.last_logits.data(), nullptr);
       s.tokens.push_back(tokens[i]);
       if (logits) std::copy_n(s.last_logits.data(), V, logits + i * V);
-      if (argmax) argmax[i] = static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.end()) - s.last_logits.begin());
+      if (argmax)
+        argmax[i] = static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
+                                         s.last_logits.begin());
       if (i + 1 == n) break;
       CpuSession::Verified& row = s.verified_rows[i];
       row.gdn.resize(c.num_hidden_layers);
@@ -143,20 +145,24 @@ class CpuExecutor : public Executor {
   void keep_step(Session& session, int64_t n, int64_t m) override {
     CpuSession& s = as_cpu(session, "keep_verified");
     const ModelConfig& c = weights_->config;
-    CpuSession::Verified& row = s.verified_rows[m - 1];
-    const int64_t kv_floats = (s.position() - (n - m)) * c.num_key_value_heads * c.head_dim;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      if (c.layer_kinds[l] == LayerKind::Linear) {
-        s.layers[l].gdn = std::move(row.gdn[l]);
-      } else {
-        s.layers[l].kv.k.resize(kv_floats);
-        s.layers[l].kv.v.resize(kv_floats);
+    if (m < n) {
+      CpuSession::Verified& row = s.verified_rows[m - 1];
+      const int64_t kv_floats = (s.position() - (n - m)) * c.num_key_value_heads * c.head_dim;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        if (c.layer_kinds[l] == LayerKind::Linear) {
+          s.layers[l].gdn = std::move(row.gdn[l]);
+        } else {
+          s.layers[l].kv.k.resize(kv_floats);
+          s.layers[l].kv.v.resize(kv_floats);
+        }
       }
+      s.expert_load = std::move(row.expert_load);
+      s.last_logits = std::move(row.logits);
     }
-    s.expert_load = std::move(row.expert_load);
-    s.last_logits = std::move(row.logits);
     s.verified_rows.clear();
   }
+
+  void forget_verified(Session& session) override { as_cpu(session, "verify").verified_rows.clear(); }
 
  private:
   static void add(float* h, const float* delta, int64_t n) {

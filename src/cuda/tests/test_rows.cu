@@ -308,6 +308,7 @@ void test_attention_rows(int Hq, int Hkv, int D, int rot, int pos0, int T, uint6
 }  // namespace
 
 void run_rows_tests() {
+  test_head_rows(4096, 256, 1, 59);  // one row: the verify head's argmax without a token choice
   for (int T = 2; T <= kMaxStepRows; ++T) {
     test_gemv_rows(12352, 2048, XMode::RmsNorm, YMode::Store, T, 10 + T);  // GDN in-projection
     test_gemv_rows(9216, 2048, XMode::EmbedRmsNorm, YMode::Store, T, 20 + T);
