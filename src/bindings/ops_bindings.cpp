@@ -7,14 +7,19 @@
 // return the updated copy; inputs are never written.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <mutex>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bindings.h"
 #include "cpu/layers.h"
 #include "cpu/ops.h"
 #include "error.h"
+#include "threadpool.h"
 
 namespace nb = nanobind;
 
@@ -367,6 +372,20 @@ std::tuple<Out<float>, Out<float>, Out<float>> attention_mixer(In<float> x, nb::
   return {y, kc, vc};
 }
 
+// The ranges one parallel_for over n items hands out, sorted, each with whether the
+// calling thread ran it: shows how the pool splits a loop.
+std::vector<std::tuple<int64_t, int64_t, bool>> parallel_ranges(int64_t n, int64_t item_work) {
+  std::mutex mu;
+  std::vector<std::tuple<int64_t, int64_t, bool>> ranges;
+  const auto caller = std::this_thread::get_id();
+  parallel_for(n, item_work, [&](int64_t begin, int64_t end) {
+    std::lock_guard<std::mutex> lk(mu);
+    ranges.emplace_back(begin, end, std::this_thread::get_id() == caller);
+  });
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
 }  // namespace
 
 void register_ops(nb::module_& m) {
@@ -405,6 +424,12 @@ void register_ops(nb::module_& m) {
           nb::arg("partial_rotary_factor"), nb::arg("rope_theta"), nb::arg("eps"),
           "(out, k_cache, v_cache) of one gated attention mixer; weights: q_proj, k_proj, v_proj, o_proj "
           "(quantized), q_norm, k_norm");
+  ops.def("parallel_ranges", &parallel_ranges, nb::arg("n"), nb::arg("item_work"),
+          "the sorted (begin, end, on_calling_thread) ranges of one parallel_for over n items");
+  ops.def("parallel_chunks", &parallel_chunks, nb::arg("n"), nb::arg("item_work"),
+          "chunks a parallel_for over n items of item_work units is cut into (1: inline)");
+  ops.def("parallel_jobs", &parallel_jobs, "loops handed to the worker threads so far");
+  ops.attr("min_chunk_work") = kMinChunkWork;
 }
 
 }  // namespace lily

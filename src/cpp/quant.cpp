@@ -49,7 +49,8 @@ static void quantize_group(const float* w, int group_size, int bits, uint32_t* c
 void affine_quantize(const float* w, int64_t rows, int64_t cols, int group_size, int bits, uint32_t* codes,
                      uint16_t* scales, uint16_t* biases) {
   const int64_t groups = cols / group_size, words = cols * bits / 32;
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  // Per value: a min/max pass, a rounding and a shift into its word.
+  parallel_for(rows, 8 * cols, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t g = 0; g < groups; ++g)
         quantize_group(w + r * cols + g * group_size, group_size, bits,
@@ -76,7 +77,7 @@ void affine_dequantize_row(const uint32_t* codes, const uint16_t* scales, const 
 void affine_dequantize(const uint32_t* codes, const uint16_t* scales, const uint16_t* biases, int64_t rows,
                        int64_t cols, int group_size, int bits, float* w) {
   const int64_t groups = cols / group_size, words = cols * bits / 32;
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, 2 * cols, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       affine_dequantize_row(codes + r * words, scales + r * groups, biases + r * groups, cols, group_size, bits,
                             w + r * cols);

@@ -50,6 +50,7 @@ struct Stream {
 };
 
 constexpr float kRouterLogitRms = 4;
+constexpr int64_t kStreamWork = 8;  // one splitmix64 value, in parallel_for work units
 
 class RandomWeights {
  public:
@@ -116,19 +117,19 @@ class RandomWeights {
 
     // Any 32 random bits are 8 uniform 4-bit or 4 uniform 8-bit codes.
     const Stream code_stream = next_stream();
-    parallel_for((words + 1) / 2, [&](int64_t begin, int64_t end) {
+    parallel_for((words + 1) / 2, kStreamWork, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const uint64_t r = code_stream.bits(i);
         codes[2 * i] = static_cast<uint32_t>(r);
         if (2 * i + 1 < words) codes[2 * i + 1] = static_cast<uint32_t>(r >> 32);
       }
-    }, 1 << 16);
+    });
 
     const float levels = static_cast<float>((1 << s.bits) - 1);
     const float code_spread = std::sqrt(levels * (levels + 2) / 12);  // sqrt((4^b - 1) / 12)
     const float spread = target > 0 ? target : 1 / std::sqrt(static_cast<float>(cols));
     const Stream group_stream = next_stream();
-    parallel_for(groups, [&](int64_t begin, int64_t end) {
+    parallel_for(groups, 4 * kStreamWork, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
         const uint64_t r = group_stream.bits(g);
         float scale = spread / code_spread * (0.8f + 0.4f * Stream::unit(r, 0));
@@ -137,7 +138,7 @@ class RandomWeights {
         scales[g] = float_to_bf16(scale);
         biases[g] = float_to_bf16(-bf16_to_float(scales[g]) * levels / 2 + offset);
       }
-    }, 1 << 12);
+    });
 
     q.codes = codes;
     q.scales = scales;

@@ -23,7 +23,9 @@ void causal_attention(const float* q, const float* k, const float* v, int64_t T,
         str(D));
   check(T == 0 || (q && k && v && out), "causal_attention", "missing input or output");
   const int64_t group = Hq / Hkv;
-  parallel_for(Hq * T, [&](int64_t i0, int64_t i1) {
+  // A query sees pos0 + t + 1 keys: on average pos0 + (T + 1) / 2, each a dot, an exp and an axpy.
+  const int64_t item_work = (pos0 + (T + 1) / 2) * (2 * D + kExpWork);
+  parallel_for(Hq * T, item_work, [&](int64_t i0, int64_t i1) {
     std::vector<float> p(pos0 + T);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t h = i / T, t = i % T, kvh = h / group, keys = pos0 + t + 1;

@@ -23,7 +23,7 @@ void causal_conv_silu(const float* x, int64_t T, int64_t C, const float* w, int6
 
   // Channels in blocks of 256; each block walks all tokens, so loads run along c.
   constexpr int64_t kBlock = 256;
-  parallel_for((C + kBlock - 1) / kBlock, [&](int64_t b0, int64_t b1) {
+  parallel_for((C + kBlock - 1) / kBlock, T * kBlock * (Kc + kExpWork), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t c0 = b * kBlock, c1 = std::min(C, c0 + kBlock);
       for (int64_t t = 0; t < T; ++t) {

@@ -14,7 +14,7 @@ void embedding(const QWeight& table, const int32_t* ids, int64_t T, float* out) 
     if (ids[t] < 0 || ids[t] >= table.rows)
       fail("embedding: token id ", str(ids[t]), " at index ", str(t), " is outside [0, ", str(table.rows), ")");
   const int64_t H = table.cols, words = table.words_per_row(), groups = table.groups_per_row();
-  parallel_for(T, [&](int64_t t0, int64_t t1) {
+  parallel_for(T, H, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       affine_dequantize_row(table.codes + ids[t] * words, table.scales + ids[t] * groups,
                             table.biases + ids[t] * groups, H, table.group_size, table.bits, out + t * H);

@@ -25,7 +25,7 @@ void gated_delta_rule(const float* q, const float* k, const float* v, const floa
   check(Dk > 0 && Dv > 0 && T >= 0, "gated_delta_rule", "bad shape: T ", str(T), ", Dk ", str(Dk), ", Dv ", str(Dv));
   check(state && (T == 0 || (q && k && v && g && beta && o)), "gated_delta_rule", "missing input, state or output");
   const int64_t group = Hv / Hk;
-  parallel_for(Hv, [&](int64_t h0, int64_t h1) {
+  parallel_for(Hv, 4 * T * Dk * Dv, [&](int64_t h0, int64_t h1) {
     std::vector<float> kv(Dv), delta(Dv);
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t hk = h / group;

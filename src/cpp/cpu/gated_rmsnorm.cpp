@@ -13,14 +13,14 @@ namespace lily::cpu {
 void gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* w, float eps, float* y) {
   check(dim > 0 && rows >= 0, "gated_rmsnorm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || (x && z && w && y), "gated_rmsnorm", "missing input, gate, weight or output");
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, dim * (2 + kExpWork), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *xr = x + r * dim, *zr = z + r * dim;
       float* yr = y + r * dim;
       const float inv_rms = 1.0f / std::sqrt(dot(xr, xr, dim) / static_cast<float>(dim) + eps);
       for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv_rms * w[i] * silu(zr[i]);
     }
-  }, std::max<int64_t>(1, 8192 / dim));
+  });
 }
 
 }  // namespace lily::cpu

@@ -13,13 +13,13 @@ namespace lily::cpu {
 void l2norm(float* x, int64_t rows, int64_t dim, float eps, float scale) {
   check(dim > 0 && rows >= 0, "l2norm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || x, "l2norm", "missing data");
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, 2 * dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = x + r * dim;
       const float f = scale / std::sqrt(dot(xr, xr, dim) + eps);
       for (int64_t i = 0; i < dim; ++i) xr[i] *= f;
     }
-  }, std::max<int64_t>(1, 8192 / dim));
+  });
 }
 
 }  // namespace lily::cpu

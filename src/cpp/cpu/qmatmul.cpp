@@ -84,7 +84,9 @@ void qmatmul(const float* x, int64_t T, const QWeight& w, float* y) {
   check(T >= 0 && (T == 0 || (x && y)), "qmatmul", "missing input or output for ", str(T), " rows");
   const int64_t N = w.rows, K = w.cols;
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
-  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+  // A block: its rows dequantized once per token tile, then dotted with every token.
+  const int64_t block_work = kRowBlock * K * (T + (T + kTokenTile - 1) / kTokenTile);
+  parallel_for(blocks, block_work, [&](int64_t b0, int64_t b1) {
     // Per-thread buffers, kept between calls: a fresh 100+ KB allocation per call would
     // cost page faults comparable to a whole decode-sized product.
     thread_local std::vector<float> rows, xp;

@@ -13,14 +13,14 @@ namespace lily::cpu {
 void rmsnorm(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y) {
   check(dim > 0 && rows >= 0, "rmsnorm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || (x && w && y), "rmsnorm", "missing input, weight or output");
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, 3 * dim, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * dim;
       float* yr = y + r * dim;
       const float inv_rms = 1.0f / std::sqrt(dot(xr, xr, dim) / static_cast<float>(dim) + eps);
       for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv_rms * w[i];
     }
-  }, std::max<int64_t>(1, 8192 / dim));
+  });
 }
 
 }  // namespace lily::cpu

@@ -30,7 +30,7 @@ void rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_d
       sin_table[t * half + j] = static_cast<float>(std::sin(static_cast<double>(angle)));
     }
   }
-  parallel_for(T * heads, [&](int64_t i0, int64_t i1) {
+  parallel_for(T * heads, 6 * half, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / heads;
       const float *c = cos_table.data() + t * half, *s = sin_table.data() + t * half;
@@ -42,7 +42,7 @@ void rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_d
         hi[j] = b * c[j] + a * s[j];
       }
     }
-  }, 64);
+  });
 }
 
 }  // namespace lily::cpu

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "ops.h"
 #include "threadpool.h"
+#include "vec.h"
 
 namespace lily::cpu {
 
@@ -16,7 +17,8 @@ void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renor
                 float* weights) {
   check(E > 0 && K > 0 && K <= E && T >= 0, "route_topk", "need 0 < K <= E, got K ", str(K), ", E ", str(E));
   check(T == 0 || (logits && experts && weights), "route_topk", "missing input or output");
-  parallel_for(T, [&](int64_t t0, int64_t t1) {
+  // Per token: E exps, then a partial sort of E candidates.
+  parallel_for(T, E * (kExpWork + 8), [&](int64_t t0, int64_t t1) {
     std::vector<float> p(E);
     std::vector<int32_t> order(E);
     for (int64_t t = t0; t < t1; ++t) {
@@ -36,7 +38,7 @@ void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renor
         weights[t * K + i] = renormalize ? p[order[i]] / top_sum : p[order[i]];
       }
     }
-  }, 16);
+  });
 }
 
 }  // namespace lily::cpu

@@ -63,6 +63,9 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// What one std::exp costs next to a multiply-add, for the work estimates given to parallel_for.
+constexpr int64_t kExpWork = 16;
+
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // log(1 + e^x) without overflow for large x.
