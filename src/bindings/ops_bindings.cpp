@@ -250,8 +250,9 @@ Out<float> swiglu_mlp(In<float> x, nb::handle gate, nb::handle up, nb::handle do
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(d.w.rows)});
   nb::gil_scoped_release nogil;
-  std::vector<float> scratch(2 * T * g.w.rows);
-  cpu::swiglu_mlp(x.data(), T, g.w, u.w, d.w, scratch.data(), yp);
+  const cpu::SwigluMlp mlp{x.data(), T, g.w, u.w, d.w, yp};
+  std::vector<float> scratch;
+  cpu::swiglu_mlps({&mlp, 1}, scratch);
   return y;
 }
 

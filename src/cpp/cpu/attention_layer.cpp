@@ -26,17 +26,17 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
         str(static_cast<int64_t>(cache.k.size() / (Hkv * D))), " positions, expected ", str(pos0));
   if (T == 0) return;
 
-  buf.qg.resize(T * 2 * Hq * D);
-  qmatmul(x, T, w.q_proj, buf.qg.data());
-  buf.q.resize(T * Hq * D);
-  for (int64_t i = 0; i < T * Hq; ++i) std::copy_n(buf.qg.data() + i * 2 * D, D, buf.q.data() + i * D);
-
   // New keys and values go straight into the cache rows pos0 .. pos0+T-1.
+  buf.qg.resize(T * 2 * Hq * D);
   cache.k.resize(cached + T * Hkv * D);
   cache.v.resize(cached + T * Hkv * D);
   float* k_new = cache.k.data() + cached;
-  qmatmul(x, T, w.k_proj, k_new);
-  qmatmul(x, T, w.v_proj, cache.v.data() + cached);
+  const QMatmul projections[] = {{x, T, w.q_proj, buf.qg.data()},
+                                 {x, T, w.k_proj, k_new},
+                                 {x, T, w.v_proj, cache.v.data() + cached}};
+  qmatmul_batch(projections);
+  buf.q.resize(T * Hq * D);
+  for (int64_t i = 0; i < T * Hq; ++i) std::copy_n(buf.qg.data() + i * 2 * D, D, buf.q.data() + i * D);
 
   rmsnorm(buf.q.data(), T * Hq, D, w.q_norm.values.data(), c.rms_norm_eps, buf.q.data());
   rmsnorm(k_new, T * Hkv, D, w.k_norm.values.data(), c.rms_norm_eps, k_new);

@@ -40,10 +40,11 @@ void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_
   buf.z.resize(T * value_dim);
   buf.a.resize(T * Hv);
   buf.b.resize(T * Hv);
-  qmatmul(x, T, w.in_proj_qkv, buf.mixed.data());
-  qmatmul(x, T, w.in_proj_z, buf.z.data());
-  qmatmul(x, T, w.in_proj_a, buf.a.data());
-  qmatmul(x, T, w.in_proj_b, buf.b.data());
+  const QMatmul projections[] = {{x, T, w.in_proj_qkv, buf.mixed.data()},
+                                 {x, T, w.in_proj_z, buf.z.data()},
+                                 {x, T, w.in_proj_a, buf.a.data()},
+                                 {x, T, w.in_proj_b, buf.b.data()}};
+  qmatmul_batch(projections);
 
   causal_conv_silu(buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
                    buf.conv_out.data());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config.h"
+#include "ops.h"
 #include "weights.h"
 
 namespace lily::cpu {
@@ -31,9 +32,10 @@ struct AttnBuffers {
 };
 
 struct MoeBuffers {
-  std::vector<float> logits, weights, x_expert, y_expert, mlp_scratch, shared, shared_gate;
+  std::vector<float> logits, weights, x_sorted, y_sorted, mlp_scratch, shared, shared_gate;
   std::vector<int32_t> experts, slots_by_expert;
   std::vector<int64_t> expert_begin;
+  std::vector<SwigluMlp> mlps;
 };
 
 // Gated DeltaNet (§4.5): projections, causal conv + SiLU, l2-normalised q/k, the delta

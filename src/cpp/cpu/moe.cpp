@@ -1,9 +1,10 @@
 // The sparse MoE block with its shared expert (MODEL.md §4.6):
 //   out[t] = sum_{e in topK(t)} w_te * expert_e(x[t]) + sigmoid(x[t] . g_s) * shared(x[t])
 // Routed work is grouped by expert: every (token, slot) pair routed to e is gathered
-// into one [n_e, H] block, so each expert's weights are dequantized once per call, and
-// results are added back per token in ascending expert order (the order does not
-// depend on how the prompt was chunked).
+// into one [n_e, H] block, so each expert's weights are dequantized once per call; all
+// experts' MLPs run as one batch (swiglu_mlps), and results are added back per token in
+// ascending expert order (the order depends neither on the chunking of the prompt nor
+// on the threads).
 #include <algorithm>
 #include <vector>
 
@@ -57,26 +58,33 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
     for (int64_t s = 0; s < T * K; ++s) buf.slots_by_expert[next[buf.experts[s]]++] = static_cast<int32_t>(s);
   }
 
-  std::fill(out, out + T * H, 0.0f);
-  buf.x_expert.resize(T * H);
-  buf.y_expert.resize(T * H);
-  buf.mlp_scratch.resize(2 * T * std::max(I, Is));
+  // The slots gathered in that order: expert e's tokens are rows expert_begin[e].. of x_sorted.
+  const int64_t slots = T * K;
+  buf.x_sorted.resize(slots * H);
+  buf.y_sorted.resize(slots * H);
+  for (int64_t i = 0; i < slots; ++i)
+    std::copy_n(x + (buf.slots_by_expert[i] / K) * H, H, buf.x_sorted.data() + i * H);
+
+  // Every routed expert with tokens, and the shared expert, in one batch.
+  buf.shared.resize(T * H);
+  buf.mlps.clear();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t begin = buf.expert_begin[e], n = buf.expert_begin[e + 1] - begin;
-    if (n == 0) continue;
-    const int32_t* slots = buf.slots_by_expert.data() + begin;
-    for (int64_t i = 0; i < n; ++i) std::copy_n(x + (slots[i] / K) * H, H, buf.x_expert.data() + i * H);
-    swiglu_mlp(buf.x_expert.data(), n, w.gate_proj.expert(e), w.up_proj.expert(e), w.down_proj.expert(e),
-               buf.mlp_scratch.data(), buf.y_expert.data());
-    for (int64_t i = 0; i < n; ++i)
-      axpy(buf.weights[slots[i]], buf.y_expert.data() + i * H, out + (slots[i] / K) * H, H);
+    if (n > 0)
+      buf.mlps.push_back({buf.x_sorted.data() + begin * H, n, w.gate_proj.expert(e), w.up_proj.expert(e),
+                          w.down_proj.expert(e), buf.y_sorted.data() + begin * H});
   }
+  buf.mlps.push_back({x, T, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, buf.shared.data()});
+  swiglu_mlps(buf.mlps, buf.mlp_scratch);
 
-  // Shared expert, gated per token by sigmoid(x . shared_expert_gate).
-  buf.shared.resize(T * H);
+  // out[t]: its routed slots weighted, in ascending expert order, then the shared expert
+  // gated per token by sigmoid(x[t] . shared_expert_gate).
+  std::fill(out, out + T * H, 0.0f);
+  for (int64_t i = 0; i < slots; ++i) {
+    const int32_t s = buf.slots_by_expert[i];
+    axpy(buf.weights[s], buf.y_sorted.data() + i * H, out + (s / K) * H, H);
+  }
   buf.shared_gate.resize(T);
-  swiglu_mlp(x, T, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, buf.mlp_scratch.data(),
-             buf.shared.data());
   qmatmul(x, T, w.shared_expert_gate, buf.shared_gate.data());
   for (int64_t t = 0; t < T; ++t) axpy(sigmoid(buf.shared_gate[t]), buf.shared.data() + t * H, out + t * H, H);
 }

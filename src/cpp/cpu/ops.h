@@ -5,6 +5,8 @@
 // throws lily::Error naming itself.
 #pragma once
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "weights.h"
 
@@ -13,6 +15,19 @@ namespace lily::cpu {
 // y[T, N] = x[T, Kin] @ W^T with W = scale*q + bias dequantized from w ([N, Kin], one
 // matrix of a stack: w.experts == 1). fp32 accumulation; y must not alias x.
 void qmatmul(const float* x, int64_t T, const QWeight& w, float* y);
+
+// One product of a batch: y[T, N] = x[T, Kin] @ W^T, as qmatmul.
+struct QMatmul {
+  const float* x;
+  int64_t T;
+  QWeight w;
+  float* y;
+};
+
+// Independent products as one parallel loop over all their row blocks: products each
+// too small to split (a decode step's experts) together keep every thread busy. Every
+// output equals qmatmul's.
+void qmatmul_batch(std::span<const QMatmul> products);
 
 // out[T, H] = rows ids[t] of the quantized table [V, H].
 void embedding(const QWeight& table, const int32_t* ids, int64_t T, float* out);
@@ -59,9 +74,16 @@ void causal_attention(const float* q, const float* k, const float* v, int64_t T,
 void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
                 float* weights);
 
-// The SwiGLU MLP of one expert: y[T, H] = down(silu(x gate^T) * (x up^T)).
-// scratch: 2*T*I floats.
-void swiglu_mlp(const float* x, int64_t T, const QWeight& gate, const QWeight& up, const QWeight& down,
-                float* scratch, float* y);
+// The SwiGLU MLP of one expert: y[T, H] = down(silu(x gate^T) * (x up^T)), gate/up [I, H].
+struct SwigluMlp {
+  const float* x;
+  int64_t T;
+  QWeight gate, up, down;
+  float* y;
+};
+
+// Several experts' MLPs at once: their gate and up products in one parallel loop, their
+// down products in another. scratch grows to 2 * sum(T * I) floats.
+void swiglu_mlps(std::span<const SwigluMlp> mlps, std::vector<float>& scratch);
 
 }  // namespace lily::cpu

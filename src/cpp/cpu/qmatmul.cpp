@@ -15,6 +15,7 @@
 // Every output is one fp32 dot of a full row, so the result does not depend on T, the
 // tiling or the thread count.
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "bf16.h"
@@ -76,43 +77,67 @@ void permute_input_row(const float* x, int64_t cols, int group_size, int bits, f
       for (int j = 0; j < words; ++j) out[g0 + n * words + j] = x[g0 + per_word * j + n];
 }
 
-}  // namespace
-
-void qmatmul(const float* x, int64_t T, const QWeight& w, float* y) {
-  check_qweight(w, "qmatmul", "the weight");
-  check(w.experts == 1, "qmatmul", "the weight is a stack of ", str(w.experts), " matrices; pass one expert");
-  check(T >= 0 && (T == 0 || (x && y)), "qmatmul", "missing input or output for ", str(T), " rows");
+// Row blocks [b0, b1) of one product. Per-thread buffers, kept between calls: a fresh
+// 100+ KB allocation per call would cost page faults comparable to a decode-sized product.
+void qmatmul_blocks(const QMatmul& p, int64_t b0, int64_t b1) {
+  const QWeight& w = p.w;
   const int64_t N = w.rows, K = w.cols;
-  const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
-  // A block: its rows dequantized once per token tile, then dotted with every token.
-  const int64_t block_work = kRowBlock * K * (T + (T + kTokenTile - 1) / kTokenTile);
-  parallel_for(blocks, block_work, [&](int64_t b0, int64_t b1) {
-    // Per-thread buffers, kept between calls: a fresh 100+ KB allocation per call would
-    // cost page faults comparable to a whole decode-sized product.
-    thread_local std::vector<float> rows, xp;
-    rows.resize(kRowBlock * K);
-    xp.resize(std::min(T, kTokenTile) * K);
-    for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
-      const int64_t nt = std::min(kTokenTile, T - t0);
-      for (int64_t t = 0; t < nt; ++t)
-        permute_input_row(x + (t0 + t) * K, K, w.group_size, w.bits, xp.data() + t * K);
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t n0 = b * kRowBlock, nr = std::min(kRowBlock, N - n0);
-        for (int64_t r = 0; r < nr; ++r) dequantize_row(w, n0 + r, rows.data() + r * K);
-        // The last block may end inside a group of four rows: pad it with zero rows.
-        const int64_t padded = (nr + 3) / 4 * 4;
-        std::fill(rows.begin() + nr * K, rows.begin() + padded * K, 0.0f);
-        for (int64_t t = 0; t < nt; ++t) {
-          float* yt = y + (t0 + t) * N + n0;
-          for (int64_t r = 0; r < nr; r += 4) {
-            float out[4];
-            dot4(xp.data() + t * K, rows.data() + r * K, K, out);
-            std::copy(out, out + std::min<int64_t>(4, nr - r), yt + r);
-          }
+  thread_local std::vector<float> rows, xp;
+  rows.resize(kRowBlock * K);
+  xp.resize(std::min(p.T, kTokenTile) * K);
+  for (int64_t t0 = 0; t0 < p.T; t0 += kTokenTile) {
+    const int64_t nt = std::min(kTokenTile, p.T - t0);
+    for (int64_t t = 0; t < nt; ++t)
+      permute_input_row(p.x + (t0 + t) * K, K, w.group_size, w.bits, xp.data() + t * K);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kRowBlock, nr = std::min(kRowBlock, N - n0);
+      for (int64_t r = 0; r < nr; ++r) dequantize_row(w, n0 + r, rows.data() + r * K);
+      // The last block may end inside a group of four rows: pad it with zero rows.
+      const int64_t padded = (nr + 3) / 4 * 4;
+      std::fill(rows.begin() + nr * K, rows.begin() + padded * K, 0.0f);
+      for (int64_t t = 0; t < nt; ++t) {
+        float* yt = p.y + (t0 + t) * N + n0;
+        for (int64_t r = 0; r < nr; r += 4) {
+          float out[4];
+          dot4(xp.data() + t * K, rows.data() + r * K, K, out);
+          std::copy(out, out + std::min<int64_t>(4, nr - r), yt + r);
         }
       }
     }
+  }
+}
+
+}  // namespace
+
+void qmatmul_batch(std::span<const QMatmul> products) {
+  // first[i]: the index of product i's first row block in the loop over all of them.
+  std::vector<int64_t> first(products.size() + 1, 0);
+  int64_t work = 0;
+  for (size_t i = 0; i < products.size(); ++i) {
+    const QMatmul& p = products[i];
+    check_qweight(p.w, "qmatmul", "the weight");
+    check(p.w.experts == 1, "qmatmul", "the weight is a stack of ", str(p.w.experts), " matrices; pass one expert");
+    check(p.T >= 0 && (p.T == 0 || (p.x && p.y)), "qmatmul", "missing input or output for ", str(p.T), " rows");
+    const int64_t blocks = p.T == 0 ? 0 : (p.w.rows + kRowBlock - 1) / kRowBlock;
+    first[i + 1] = first[i] + blocks;
+    // A block: its rows dequantized once per token tile, then dotted with every token.
+    work += blocks * kRowBlock * p.w.cols * (p.T + (p.T + kTokenTile - 1) / kTokenTile);
+  }
+  const int64_t blocks = first.back();
+  if (blocks == 0) return;
+  parallel_for(blocks, work / blocks, [&](int64_t b0, int64_t b1) {
+    size_t i = std::upper_bound(first.begin(), first.end(), b0) - first.begin() - 1;
+    for (int64_t b = b0; b < b1; ++i) {
+      const int64_t end = std::min(b1, first[i + 1]);
+      if (end > b) qmatmul_blocks(products[i], b - first[i], end - first[i]);
+      b = end;
+    }
   });
+}
+
+void qmatmul(const float* x, int64_t T, const QWeight& w, float* y) {
+  const QMatmul product{x, T, w, y};
+  qmatmul_batch({&product, 1});
 }
 
 }  // namespace lily::cpu
