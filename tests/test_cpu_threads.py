@@ -7,6 +7,7 @@ cover it exactly once. Every output is computed whole by one thread, so logits a
 tokens are bit-identical at any thread count.
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -147,3 +148,25 @@ def test_resizing_the_pool_between_loops_is_safe():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).parent)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr)
+
+
+def test_a_bad_thread_count_is_refused_by_name(threads):
+    with pytest.raises(lily.LilyError, match="thread count must be from 1 to 1024, got 0"):
+        threads(0)
+    assert _lily.num_threads() >= 1  # the pool is left as it was
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4x", "100000"])
+def test_a_bad_LILY_NUM_THREADS_is_an_error_naming_it(value):
+    code = "from lily import _lily\nprint(_lily.num_threads())\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LILY_NUM_THREADS": value})
+    assert done.returncode != 0
+    assert f"LILY_NUM_THREADS must be a whole number from 1 to 1024, got '{value}'" in done.stderr
+
+
+def test_LILY_NUM_THREADS_sets_the_default():
+    code = "from lily import _lily\nprint(_lily.num_threads())\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LILY_NUM_THREADS": "3"})
+    assert done.stdout.strip() == "3", done.stderr

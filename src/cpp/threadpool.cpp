@@ -6,8 +6,11 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "error.h"
 
 namespace lily {
 namespace {
@@ -40,7 +43,7 @@ class Pool {
   explicit Pool(int n) { start_workers(n); }
   ~Pool() { stop_workers(); }
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const { return size_.load(); }
 
   void resize(int n) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // not while a loop is running
@@ -66,7 +69,7 @@ class Pool {
       ++epoch_;
     }
     ++jobs_;
-    const int64_t helpers = std::min<int64_t>(cut.count - 1, static_cast<int64_t>(workers_.size()));
+    const int64_t helpers = std::min<int64_t>(cut.count, size()) - 1;
     for (int64_t i = 0; i < helpers; ++i) work_cv_.notify_one();
     claim_chunks();
 
@@ -114,6 +117,7 @@ class Pool {
     stopping_ = false;
     // A new worker has seen every loop so far: it must not join a finished one.
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, seen = epoch_] { worker_loop(seen); });
+    size_ = n;
   }
 
   void stop_workers() {
@@ -127,6 +131,7 @@ class Pool {
   }
 
   std::vector<std::thread> workers_;
+  std::atomic<int> size_{1};  // workers + the caller; read without run_mu_
   std::mutex run_mu_, mu_;
   std::condition_variable work_cv_, done_cv_;
   // The current loop; written under mu_ while no worker is active.
@@ -143,12 +148,15 @@ class Pool {
 
 thread_local bool Pool::tls_inside_ = false;
 
+// LILY_NUM_THREADS, else one thread per core.
 int default_threads() {
-  if (const char* env = std::getenv("LILY_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
+  const char* env = std::getenv("LILY_NUM_THREADS");
+  if (!env) return std::max(1u, std::thread::hardware_concurrency());
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || n < 1 || n > kMaxThreads)
+    fail("LILY_NUM_THREADS must be a whole number from 1 to ", std::to_string(kMaxThreads), ", got '", env, "'");
+  return static_cast<int>(n);
 }
 
 Pool& pool() {
@@ -159,7 +167,12 @@ Pool& pool() {
 }  // namespace
 
 int num_threads() { return pool().size(); }
-void set_num_threads(int n) { pool().resize(std::max(1, n)); }
+void set_num_threads(int n) {
+  if (n < 1 || n > kMaxThreads)
+    fail("set_num_threads: the thread count must be from 1 to ", std::to_string(kMaxThreads), ", got ",
+         std::to_string(n));
+  pool().resize(n);
+}
 
 int64_t parallel_chunks(int64_t n, int64_t item_work) { return split(n, item_work, num_threads()).count; }
 

@@ -17,8 +17,10 @@ namespace lily {
 // term of a dot product). A chunk holds at least this much: about 50 us on one core.
 constexpr int64_t kMinChunkWork = int64_t(1) << 19;
 
+constexpr int kMaxThreads = 1024;  // more is a typo, not a machine
+
 int num_threads();
-void set_num_threads(int n);
+void set_num_threads(int n);  // 1 .. kMaxThreads, else lily::Error
 
 // How many chunks parallel_for cuts n items of item_work units each into with the
 // current thread count; 1 means the loop runs inline on the calling thread.
