@@ -1,6 +1,6 @@
 """Prefill and decode speed of the CPU executor at 1 and N threads (docs/usage.md, Threads).
 
-    python benchmarks/cpu_threads.py [--threads N] [--rounds 5] [--models tiny,mid] [--json OUT]
+    python benchmarks/cpu_threads.py [--threads N] [--rounds 7] [--models tiny,mid] [--json OUT]
 
 Two models: lily-tiny (the built-in trained model) and "mid", random 4-bit weights built in
 memory at hidden 1024, 8 layers (6 Gated DeltaNet + 2 attention), 64 experts top-8 of width
@@ -8,7 +8,9 @@ memory at hidden 1024, 8 layers (6 Gated DeltaNet + 2 attention), 64 experts top
 --prefill tokens into a fresh session. Decode: --decode greedy tokens after a 16-token prompt,
 the case of `lily generate`. Every thread count is measured once per round, in alternating
 order, after one warm-up at each; the table gives the median and the range over the rounds,
-and whether every thread count produced the same logits and tokens.
+the median and range of the per-round ratios N/1 (each round's runs are seconds apart, so
+their ratio is steadier than the speeds on a shared machine), and whether every thread count
+produced the same logits and tokens.
 
 The machine's cores may be shared (with other processes, or by a hypervisor): before the
 models run, the same pure-Python loop is timed in one process and in N at once, and the
@@ -125,7 +127,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=_lily.num_threads(),
                    help="the thread count compared with 1 (default: lily's default, %(default)s here)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--models", default="tiny,mid")
     p.add_argument("--prefill", type=int, default=0, help="prompt tokens (default: 4000 tiny, 512 mid)")
     p.add_argument("--decode", type=int, default=0, help="generated tokens (default: 256 tiny, 32 mid)")
@@ -138,7 +140,7 @@ def main() -> None:
           f"{_lily.num_threads()}")
     print(f"parallel speed the machine gives now: {capacity:.2f}x on {args.threads} processes")
     print(f"{'model':<10} {'phase':<8} {'tokens':>6}  " + "  ".join(f"{f'{t} thread(s), tok/s':>24}" for t in threads)
-          + f"  {f'{threads[-1]}/1':>6}")
+          + f"  {threads[-1]}/1 per round")
     report = {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "capacity": capacity, "models": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -148,9 +150,9 @@ def main() -> None:
             result = bench_model(model, threads, args.rounds, prefill, decode)
             for phase, tokens in (("prefill", prefill), ("decode", decode)):
                 runs = [result["speeds"][t][phase] for t in threads]
-                ratio = statistics.median(runs[-1]) / statistics.median(runs[0])
+                ratios = [n / one for one, n in zip(runs[0], runs[-1])]
                 print(f"{name:<10} {phase:<8} {tokens:>6}  " + "  ".join(f"{summary(r):>24}" for r in runs)
-                      + f"  {ratio:6.2f}")
+                      + f"  {statistics.median(ratios):5.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
             print(f"{name:<10} same logits and tokens at every thread count: {'yes' if result['identical'] else 'NO'}")
             report["models"][name] = {"prefill_tokens": prefill, "decode_tokens": decode, **result}
             del model
