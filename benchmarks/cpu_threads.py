@@ -97,15 +97,18 @@ def _spin(n: int) -> float:
     return time.perf_counter() - start
 
 
-def parallel_capacity(n: int, loops: int = 10_000_000) -> float:
-    """How much faster n processes get through n loops than one process through one each."""
+def parallel_capacity(n: int, loops: int = 5_000_000, repeats: int = 5) -> float:
+    """How much faster n processes get through n loops than one process through one each
+    (the median of a few tries: one try is at the mercy of whatever else runs)."""
+    ratios = []
     with multiprocessing.get_context("spawn").Pool(n) as pool:
         pool.map(_spin, [1000] * n)  # start the processes before timing
-        one = pool.apply(_spin, (loops,))
-        start = time.perf_counter()
-        pool.map(_spin, [loops] * n)
-        together = time.perf_counter() - start
-    return n * one / together
+        for _ in range(repeats):
+            one = pool.apply(_spin, (loops,))
+            start = time.perf_counter()
+            pool.map(_spin, [loops] * n)
+            ratios.append(n * one / (time.perf_counter() - start))
+    return statistics.median(ratios)
 
 
 def cpu_model() -> str:
