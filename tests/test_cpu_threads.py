@@ -80,6 +80,33 @@ def test_decode_sized_ops_of_lily_tiny_run_inline(threads, lily_tiny):
     assert ops.parallel_jobs() > jobs
 
 
+def test_a_one_token_moe_block_is_two_loops_of_all_its_experts(threads):
+    """Each expert's product alone is below a split; a MoE block runs the gate and up
+    products of all its experts (routed and shared) as one loop, the down products as
+    another, so together they are split."""
+    threads(2)
+    rng = np.random.default_rng(2)
+    H, E, I = 1024, 16, 256
+    w = {
+        "router": ref.random_qweight(rng, E, H, bits=8, spread=4.0),
+        "gate_proj": ref.random_qweight(rng, I, H, experts=E),
+        "up_proj": ref.random_qweight(rng, I, H, experts=E),
+        "down_proj": ref.random_qweight(rng, H, I, experts=E),
+        "shared_gate_proj": ref.random_qweight(rng, I, H),
+        "shared_up_proj": ref.random_qweight(rng, I, H),
+        "shared_down_proj": ref.random_qweight(rng, H, I),
+        "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8),
+    }
+    x = rng.standard_normal((1, H)).astype(np.float32)
+    # One token through one expert: 16-row blocks of 2 * 16 * K units each (qmatmul.cpp).
+    assert ops.parallel_chunks(I // 16, 2 * 16 * H) == 1 and ops.parallel_chunks(H // 16, 2 * 16 * I) == 1
+    jobs = ops.parallel_jobs()
+    y = ops.moe_block(x, w, 4, True)
+    assert ops.parallel_jobs() == jobs + 2
+    threads(1)
+    np.testing.assert_array_equal(ops.moe_block(x, w, 4, True), y)
+
+
 def test_qmatmul_is_bit_identical_at_every_thread_count(threads):
     rng = np.random.default_rng(1)
     w = ref.random_qweight(rng, 1000, 512)

@@ -1,6 +1,7 @@
 // y[T, N] = x[T, K] @ W^T for an MLX affine-quantized W [N, K].
 //
-// Each thread owns a range of output rows. It dequantizes a block of kRowBlock weight
+// The work is a loop over blocks of kRowBlock weight rows (of one product, or of a batch
+// of them: qmatmul_batch); a thread takes a range of blocks. Per block it dequantizes the
 // rows (w = scale*q + bias, from the bf16 scales/biases) into a small buffer and dots
 // them with a tile of kTokenTile input rows, so both stay in cache while they are reused:
 // per tile the dequantization costs N*K against the tile's kTokenTile*N*K multiply-adds.
