@@ -49,15 +49,10 @@ GdnConvPrefillArgs gdn_conv_args(Arena& A) {
   return c;
 }
 
-// attention_prefill with LILY_PREFILL_ATTN=route for this call (nullptr: as the
-// environment says), the variable restored afterwards.
-void attention_prefill_routed(const AttnPrefillArgs& a, const char* route, cudaStream_t s) {
-  if (!route) return attention_prefill(a, s);
-  const char* v = std::getenv("LILY_PREFILL_ATTN");
-  const std::string saved = v ? v : "";
-  setenv("LILY_PREFILL_ATTN", route, 1);
+// attention_prefill on the flash kernel `route` names ("mma", "wgmma"; nullptr: by head dim).
+void attention_prefill_routed(AttnPrefillArgs a, const char* route, cudaStream_t s) {
+  a.route = !route ? AttnRoute::ByHeadDim : std::string(route) == "mma" ? AttnRoute::Mma : AttnRoute::Wgmma;
   attention_prefill(a, s);
-  v ? setenv("LILY_PREFILL_ATTN", saved.c_str(), 1) : unsetenv("LILY_PREFILL_ATTN");
 }
 
 // One layer's attention over the chunk at positions pos0 .. pos0+T-1 (causal, against

@@ -19,6 +19,7 @@
 #include "bindings.h"
 #include "engine.h"
 #include "error.h"
+#include "options.h"
 #include "threadpool.h"
 
 namespace nb = nanobind;
@@ -489,6 +490,15 @@ void register_engine(nb::module_& m) {
   m.def("check_sampling", [](const SamplingParams& p) { Sampler check(p); }, nb::arg("sampling"),
         "Raises LilyError if the sampling parameters are invalid.");
   m.def("available_devices", &available_devices);
+  m.def("executor_options", [] {  // the route switches of options.cpp, for docs and tests
+    nb::list rows;
+    for (const OptionInfo& o : executor_option_table()) {
+      nb::dict d;
+      d["name"] = o.name, d["values"] = o.values, d["default"] = o.default_value, d["doc"] = o.doc;
+      rows.append(d);
+    }
+    return rows;
+  });
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads);
   m.def(

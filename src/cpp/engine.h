@@ -8,7 +8,8 @@
 
 namespace lily {
 
-// device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available, else CPU).
+// device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available, else CPU). The executor's
+// options (options.h) come from the environment, read here once.
 std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weights, const std::string& device);
 
 // Backends compiled into this build and usable on this machine.

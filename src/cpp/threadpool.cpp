@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "error.h"
+#include "options.h"
 
 namespace lily {
 namespace {
@@ -148,15 +149,10 @@ class Pool {
 
 thread_local bool Pool::tls_inside_ = false;
 
-// LILY_NUM_THREADS, else one thread per core.
+// LILY_NUM_THREADS (options.h), else one thread per core.
 int default_threads() {
-  const char* env = std::getenv("LILY_NUM_THREADS");
-  if (!env) return std::max(1u, std::thread::hardware_concurrency());
-  char* end = nullptr;
-  const long n = std::strtol(env, &end, 10);
-  if (end == env || *end != '\0' || n < 1 || n > kMaxThreads)
-    fail("LILY_NUM_THREADS must be a whole number from 1 to ", std::to_string(kMaxThreads), ", got '", env, "'");
-  return static_cast<int>(n);
+  const int n = ExecutorOptions::from_env("LILY_NUM_THREADS").num_threads;
+  return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 Pool& pool() {

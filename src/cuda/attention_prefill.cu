@@ -245,15 +245,10 @@ void launch_merge(const FlashParams& p, cudaStream_t stream) {
   launch("attention_prefill_merge", attention_merge_kernel<D>, dim3((p.T * p.Hq + 7) / 8), dim3(256), 0, stream, p);
 }
 
-// LILY_PREFILL_ATTN picks the flash kernel: unset or empty = by head dim (wgmma where it
-// has a kernel, D = 256), "mma" (mma.sync, every head dim) or "wgmma" (other head dims
-// are refused rather than silently run on mma.sync). Read on every call, so a benchmark
-// or test may switch it between calls.
-bool use_wgmma(int D) {
-  const char* v = std::getenv("LILY_PREFILL_ATTN");
-  if (!v || !*v) return flash_wgmma_supports(D);
-  if (!std::strcmp(v, "mma")) return false;
-  if (std::strcmp(v, "wgmma")) fail("LILY_PREFILL_ATTN must be 'mma' or 'wgmma', got '", v, "'");
+// Whether the route takes the wgmma flash kernel (AttnPrefillArgs::route).
+bool use_wgmma(AttnRoute route, int D) {
+  if (route == AttnRoute::ByHeadDim) return flash_wgmma_supports(D);
+  if (route == AttnRoute::Mma) return false;
   if (!flash_wgmma_supports(D))
     fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, got ", std::to_string(D));
   return true;
@@ -275,7 +270,7 @@ void attention_prefill(const AttnPrefillArgs& a, cudaStream_t stream) {
   if (a.T >= 1 && a.Hq >= 1 && a.D >= 1 && a.scratch_bytes < attention_prefill_scratch_bytes(a.T, a.Hq, a.D))
     fail("attention_prefill: scratch of ", to_string(a.scratch_bytes), " bytes, needs ",
          to_string(attention_prefill_scratch_bytes(a.T, a.Hq, a.D)));
-  const bool wgmma = use_wgmma(a.D);  // before any launch: a refused route leaves the cache untouched
+  const bool wgmma = use_wgmma(a.route, a.D);  // before any launch: a refused route leaves the cache untouched
   uint16_t* q = static_cast<uint16_t*>(a.scratch);
   attention_prefill_prep(a, q, stream);  // validates the shapes
 

@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "options.h"
+
 namespace lily::cuda {
 
 struct AttnPrefillArgs {
@@ -31,6 +33,9 @@ struct AttnPrefillArgs {
   int T = 0, pos0 = 0, ctx = 0;
   int Hq = 0, Hkv = 0, D = 0, rot_dim = 0;
   float eps = 1e-6f;
+  // The flash kernel: by head dim (wgmma where it has one, D = 256), or mma.sync (every head
+  // dim), or wgmma (another head dim is refused, not run on mma.sync).
+  AttnRoute route = AttnRoute::ByHeadDim;
 };
 
 // All launches of one layer's prefill attention (prep, flash attention, merge if split).

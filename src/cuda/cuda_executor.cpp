@@ -12,7 +12,7 @@
 
 #include "decode_step.h"
 #include "gdn_decode.h"
-#include "env.h"
+#include "launch_options.h"
 #include "lm_head.h"
 #include "prefill_step.h"
 #include "error.h"
@@ -118,22 +118,24 @@ void validate(const ModelConfig& c) {
 
 class CudaExecutor : public Executor {
  public:
-  CudaExecutor(std::shared_ptr<const ModelWeights> w, int device) : Executor(std::move(w)), device_(device) {
+  CudaExecutor(std::shared_ptr<const ModelWeights> w, int device, const ExecutorOptions& opt)
+      : Executor(std::move(w)), device_(device), opt_(opt) {
     validate(weights_->config);
+    set_pdl_enabled(opt.cuda_pdl);
     check(cudaSetDevice(device_), "cudaSetDevice");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device_) + " (" + prop.name + ")";
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    dw_ = std::make_unique<DeviceWeights>(*weights_);
-    ws_ = std::make_unique<Workspace>(weights_->config);
+    dw_ = std::make_unique<DeviceWeights>(*weights_, opt.cuda_tensor_cores);
+    ws_ = std::make_unique<Workspace>(weights_->config, opt.cuda_attn_tc, opt.cuda_attn_split_keys);
     reserve_staging(64);
-    prefill_chunk = env_int("LILY_PREFILL_CHUNK", 4096, 1, 1 << 20);
-    prefill_min_ = env_int("LILY_PREFILL_MIN_TOKENS", 2, 1, 1 << 20);
-    popt_ = PrefillOptions::from_env(weights_->config);
+    prefill_chunk = opt.prefill_chunk;
+    prefill_min_ = opt.prefill_min_tokens;
+    popt_ = PrefillOptions::from(opt, weights_->config);
     verify_rows_ = verify_rows_limit(weights_->config, *dw_, *ws_, &verify_why_);
-    if (!env_flag("LILY_CUDA_PREFILL", true))
+    if (!opt.cuda_prefill)
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
       prefill_route_ = "token by token (" + why + ")";
@@ -196,6 +198,7 @@ class CudaExecutor : public Executor {
 #endif
 
   int device_;
+  ExecutorOptions opt_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t events_[2] = {};
@@ -406,7 +409,7 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
 #ifdef LILY_CUDA_TIMELINE
   if (!timeline_.bytes()) timeline_ = DeviceBuffer(kTimelineCap * sizeof(TimelineRec), "decode timeline");
   ctl.timeline = timeline_.as<TimelineRec>();
-  if (const char* b = std::getenv("LILY_CUDA_TIMELINE_BLOCKS"); b && *b) {
+  if (!opt_.timeline_blocks.empty()) {
     if (!stamps_.bytes()) stamps_ = DeviceBuffer(kBlockStampCap * sizeof(BlockStamp), "decode block stamps");
     ctl.stamps = stamps_.as<BlockStamp>();
   }
@@ -560,8 +563,8 @@ std::vector<Rec> fetch_records(const unsigned* count, const DeviceBuffer& buf, u
 // one call, a line per kernel: call, index, grid, threads, start, released and the marks
 // (ns); with $LILY_CUDA_TIMELINE_BLOCKS, writes the call's block stamps there.
 void CudaExecutor::dump_timeline() {
-  const char* path = std::getenv("LILY_CUDA_TIMELINE_OUT");
-  if (!path || !*path) return;
+  const char* path = opt_.timeline_out.c_str();
+  if (!*path) return;
   const auto recs = fetch_records<TimelineRec>(&ws_->ctl->timeline_n, timeline_, kTimelineCap, "timeline records");
   check(cudaMemset(&ws_->ctl->timeline_n, 0, sizeof(unsigned)), "timeline reset");
   if (recs.empty()) return;
@@ -576,8 +579,8 @@ void CudaExecutor::dump_timeline() {
   std::fclose(f);
   ++timeline_calls_;
   // Every block's stamps of this call (the last call's stay): raw BlockStamp records.
-  const char* bpath = std::getenv("LILY_CUDA_TIMELINE_BLOCKS");
-  if (!bpath || !*bpath || !stamps_.bytes()) return;
+  const char* bpath = opt_.timeline_blocks.c_str();
+  if (!*bpath || !stamps_.bytes()) return;
   const auto stamps = fetch_records<BlockStamp>(&ws_->ctl->stamps_n, stamps_, kBlockStampCap, "block stamps");
   check(cudaMemset(&ws_->ctl->stamps_n, 0, sizeof(unsigned)), "block stamps reset");
   std::FILE* b = std::fopen(bpath, "wb");
@@ -626,11 +629,12 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Executor> make_cuda_executor(std::shared_ptr<const ModelWeights> weights, int device_index) {
+std::unique_ptr<Executor> make_cuda_executor(std::shared_ptr<const ModelWeights> weights, int device_index,
+                                             const ExecutorOptions& options) {
   const int n = cuda_device_count();
   if (device_index < 0 || device_index >= n)
     fail("device 'cuda:", std::to_string(device_index), "': ", std::to_string(n), " CUDA device(s) visible");
-  return std::make_unique<CudaExecutor>(std::move(weights), device_index);
+  return std::make_unique<CudaExecutor>(std::move(weights), device_index, options);
 }
 
 }  // namespace lily

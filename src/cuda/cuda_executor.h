@@ -4,12 +4,14 @@
 #include <memory>
 
 #include "executor.h"
+#include "options.h"
 
 namespace lily {
 
 // Visible CUDA devices; 0 (never an exception) when there is no driver or GPU.
 int cuda_device_count();
 
-std::unique_ptr<Executor> make_cuda_executor(std::shared_ptr<const ModelWeights> weights, int device_index);
+std::unique_ptr<Executor> make_cuda_executor(std::shared_ptr<const ModelWeights> weights, int device_index,
+                                             const ExecutorOptions& options);
 
 }  // namespace lily

@@ -1,7 +1,6 @@
 #include "cuda_weights.h"
 
 #include "attention_decode.h"
-#include "env.h"
 #include "qmma_pack.h"
 
 #include <cmath>
@@ -90,11 +89,10 @@ QMat DeviceWeights::upload_stack(const std::vector<QWeight>& parts, const std::s
   return m;
 }
 
-DeviceWeights::DeviceWeights(const ModelWeights& w) {
+DeviceWeights::DeviceWeights(const ModelWeights& w, bool tensor_cores_) : tensor_cores(tensor_cores_) {
   const ModelConfig& c = w.config;
   if (c.linear_conv_kernel_dim != 4 && c.num_linear_layers() > 0)
     fail("CUDA executor: linear_conv_kernel_dim ", std::to_string(c.linear_conv_kernel_dim), " is not supported (4)");
-  tensor_cores = env_flag("LILY_CUDA_TENSOR_CORES", true);
   embed = upload_stack({w.embed}, "embed_tokens");
   lm_head = upload_stack({w.lm_head}, "lm_head", tiles_if_eligible(w.lm_head));
   final_norm = upload_dense(w.final_norm, "norm");

@@ -40,7 +40,7 @@ enum class Layout { Mlx, Tiles, GateUpTiles };
 
 class DeviceWeights {
  public:
-  explicit DeviceWeights(const ModelWeights& w);
+  DeviceWeights(const ModelWeights& w, bool tensor_cores);
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
 
@@ -49,7 +49,7 @@ class DeviceWeights {
   const float* rope_inv_freq = nullptr;  // [rotary_dim / 2]
   std::vector<DeviceLayer> layers;
   size_t bytes = 0;  // device memory held
-  bool tensor_cores = true;  // 4-bit group-64 matrices tiled for the tensor-core GEMV (env LILY_CUDA_TENSOR_CORES=0: off)
+  bool tensor_cores = true;  // 4-bit group-64 matrices tiled for the tensor-core GEMV (LILY_CUDA_TENSOR_CORES)
 
  private:
   const float* upload_dense(const Dense& d, const std::string& what);

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "attention_decode.h"
-#include "env.h"
 #include "gdn_decode.h"
 #include "gemv.h"
 #include "lm_head.h"
@@ -20,7 +19,8 @@ T* Workspace::alloc(size_t n, const char* what) {
   return owned_.back().as<T>();
 }
 
-Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
+Workspace::Workspace(const ModelConfig& c, bool attn_tc, int attn_split_keys)
+    : attn_tensor_cores(attn_tc), host_tokens(2 * sizeof(int)), min_chunk(attn_split_keys) {
   const size_t H = c.hidden_size, V = c.vocab_size, T = kMaxStepRows;
   const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
   const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
@@ -30,8 +30,6 @@ Workspace::Workspace(const ModelConfig& c) : host_tokens(2 * sizeof(int)) {
   ids = alloc<int>(T * c.num_experts_per_tok, "workspace expert ids");
   route_w = alloc<float>(T * c.num_experts_per_tok, "workspace routing weights");
   shared_gate = alloc<float>(T, "workspace shared gate");
-  attn_tensor_cores = env_flag("LILY_CUDA_ATTN_TC", true);
-  min_chunk = env_int("LILY_CUDA_ATTN_SPLIT_KEYS", min_chunk, 16, 1 << 18);
   act = alloc<float>(T * (c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size),
                      "workspace expert activations");
   if (c.num_key_value_heads > 0)

@@ -30,14 +30,16 @@ struct SessionState {
 // Scratch of one executor (one forward or generation runs at a time).
 class Workspace {
  public:
-  explicit Workspace(const ModelConfig& c);
+  // attn_tc: decode attention on tensor cores (LILY_CUDA_ATTN_TC); attn_split_keys: keys per
+  // attention split at least (LILY_CUDA_ATTN_SPLIT_KEYS).
+  Workspace(const ModelConfig& c, bool attn_tc, int attn_split_keys);
   // Each holds kMaxStepRows rows (a verify step's tokens).
   float *h = nullptr, *proj = nullptr, *mix = nullptr, *route_w = nullptr, *shared_gate = nullptr, *act = nullptr,
         *attn_partial = nullptr;
   int *ids = nullptr, *tok_slots = nullptr, *counts = nullptr;
   unsigned char* seen = nullptr;
   unsigned* head_counter = nullptr;
-  bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); LILY_CUDA_ATTN_TC=0: the SIMT kernel
+  bool attn_tensor_cores = true;  // attention_decode_tc (mma over the GQA group); else the SIMT kernel
   float2* head_partial = nullptr;
   DecodeCtl* ctl = nullptr;
   MappedHostBuffer host_tokens;  // int[2]: the token each slot received, for the host

@@ -1,17 +1,19 @@
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "device_common.cuh"
-#include "env.h"
 
 namespace lily::cuda {
 
-bool pdl_enabled() {
-  static const bool on = env_flag("LILY_CUDA_PDL", true);
-  return on;
+namespace {
+std::atomic<bool> pdl_on{true};
 }
+
+bool pdl_enabled() { return pdl_on.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool on) { pdl_on.store(on, std::memory_order_relaxed); }
 
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
   static std::mutex mu;

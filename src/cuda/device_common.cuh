@@ -9,6 +9,7 @@
 
 #include "cuda_check.h"
 #include "decode_ctl.h"
+#include "launch_options.h"
 
 namespace lily::cuda {
 
@@ -189,8 +190,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)); }
 
-// Whether kernels are launched with programmatic stream serialization (env LILY_CUDA_PDL=0 turns it off).
-bool pdl_enabled();
 
 // Launches `kernel` on `stream` (with PDL when enabled), in thread-block clusters of
 // `cluster` blocks along x when cluster > 1, and checks the launch, naming `op`.

@@ -9,7 +9,6 @@
 
 #include "attention_prefill.h"
 #include "embed_rows.h"
-#include "env.h"
 #include "error.h"
 #include "attention_flash.h"
 #include "gdn_chunked_prefill.h"
@@ -65,37 +64,20 @@ int dense_tile_rows(int T, const PrefillOptions& opt) {
 
 }  // namespace
 
-PrefillOptions PrefillOptions::from_env(const ModelConfig& c) {
-  using Gemm = PrefillOptions::Gemm;
-  PrefillOptions o;
-  o.moe_tile = env_int("LILY_PREFILL_MOE_TILE", 0, 0, 128);
-  o.dense_tile = env_int("LILY_PREFILL_DENSE_TILE", 0, 0, 128);
-  for (int t : {o.moe_tile, o.dense_tile})
-    if (t != 0 && t != 16 && t != 32 && t != 64 && t != 128)
-      fail("LILY_PREFILL_MOE_TILE and LILY_PREFILL_DENSE_TILE must be 16, 32, 64 or 128, got ", std::to_string(t));
-  o.host_routing = env_flag("LILY_PREFILL_HOST_ROUTING", false);
-  o.profile = env_flag("LILY_PREFILL_PROFILE", false);
-  if (const char* g = std::getenv("LILY_PREFILL_GEMM"); g && *g) {
-    if (std::strcmp(g, "bf16w") == 0) o.gemm = Gemm::Bf16w;
-    else if (std::strcmp(g, "exact") == 0) o.gemm = Gemm::Exact;
-    else if (std::strcmp(g, "wgmma") == 0) o.gemm = Gemm::Wgmma;
-    else fail("LILY_PREFILL_GEMM must be 'exact', 'bf16w' or 'wgmma', got '", g, "'");
-  }
-  // attention_prefill reads LILY_PREFILL_ATTN itself on every call (tests and the registry
-  // switch it per call); refused here first, so a bad setting fails the engine's load
-  // instead of a prefill halfway through its layers.
-  if (const char* g = std::getenv("LILY_PREFILL_ATTN"); g && *g) {
-    if (std::strcmp(g, "mma") != 0 && std::strcmp(g, "wgmma") != 0)
-      fail("LILY_PREFILL_ATTN must be 'mma' or 'wgmma', got '", g, "'");
-    if (std::strcmp(g, "wgmma") == 0 && c.num_full_layers() > 0 && !flash_wgmma_supports(c.head_dim))
-      fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, the model has ", std::to_string(c.head_dim));
-  }
-  if (const char* g = std::getenv("LILY_PREFILL_GDN"); g && *g) {
-    if (std::strcmp(g, "chunked") != 0 && std::strcmp(g, "scan") != 0)
-      fail("LILY_PREFILL_GDN must be 'scan' or 'chunked', got '", g, "'");
-    o.gdn = std::strcmp(g, "chunked") == 0 ? PrefillOptions::Gdn::Chunked : PrefillOptions::Gdn::Scan;
-  }
-  return o;
+PrefillOptions PrefillOptions::from(const ExecutorOptions& o, const ModelConfig& c) {
+  PrefillOptions p;
+  p.moe_tile = o.prefill_moe_tile;
+  p.dense_tile = o.prefill_dense_tile;
+  p.host_routing = o.prefill_host_routing;
+  p.profile = o.prefill_profile;
+  p.gemm = o.prefill_gemm;
+  p.gdn = o.prefill_gdn;
+  p.attn = o.prefill_attn;
+  // Refused here, so a bad setting fails the engine's load instead of a prefill halfway
+  // through its layers.
+  if (p.attn == AttnRoute::Wgmma && c.num_full_layers() > 0 && !flash_wgmma_supports(c.head_dim))
+    fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, the model has ", std::to_string(c.head_dim));
+  return p;
 }
 
 template <typename T>
@@ -122,7 +104,7 @@ PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillO
     beta = alloc<float>(T * Hv, "prefill GDN beta");
     decay = alloc<float>(T * Hv, "prefill GDN decay");
     o = alloc<float>(T * val, "prefill GDN output");
-    if (opt.gdn != PrefillOptions::Gdn::Scan) {
+    if (opt.gdn != GdnRoute::Scan) {
       gdn_scratch_bytes = gdn_chunked_prefill_scratch_bytes(cap, static_cast<int>(Hv), static_cast<int>(c.linear_key_head_dim),
                                                             static_cast<int>(c.linear_value_head_dim));
       gdn_scratch = alloc<unsigned char>(gdn_scratch_bytes, "prefill GDN chunk factors");
@@ -220,7 +202,7 @@ struct Chunk {
   // (16-64: 64 x 128 blocks); the default's wgmma GEMMs are measured at 128 x 256.
   void dense(GemmArgs g) const {
     g.wgmma = opt.gemm_wgmma_dense(g.W.cols, T);
-    const bool sized = opt.gemm == PrefillOptions::Gemm::Wgmma && opt.dense_tile;
+    const bool sized = opt.gemm == GemmRoute::Wgmma && opt.dense_tile;
     qgemm(g, g.wgmma && !sized ? 128 : dense_tile, stream);
   }
   // y [T][ldy] = x Wᵀ (Store) or h += x Wᵀ (Add, y = h).
@@ -325,6 +307,7 @@ void attention_mixer(const Chunk& k, const DeviceLayer& L, int full) {
   a.D = static_cast<int>(c.head_dim);
   a.rot_dim = static_cast<int>(c.rotary_dim());
   a.eps = k.eps;
+  a.route = k.opt.attn;
   attention_prefill(a, k.stream);
   k.mark("attention");
   k.project(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), ws.h, k.H, GemmEpilogue::Add);

@@ -12,42 +12,35 @@
 #include "cuda_weights.h"
 #include "decode_step.h"
 #include "device_buffer.h"
+#include "options.h"
 
 namespace lily::cuda {
 
-// Knobs of the prefill route (environment, read once per executor; docs/usage.md lists
-// them, docs/perf-log.md holds their measured effect where one was measured).
+// Knobs of the prefill route (ExecutorOptions' LILY_PREFILL_* rows, options.cpp;
+// docs/perf-log.md holds their measured effect where one was measured).
 struct PrefillOptions {
-  int moe_tile = 0;          // LILY_PREFILL_MOE_TILE: rows per grouped-GEMM tile (16/32/64/128; 0 = by load)
-  int dense_tile = 0;        // LILY_PREFILL_DENSE_TILE: rows per dense-GEMM tile (16/32/64/128; 0 = by length)
-  bool host_routing = false; // LILY_PREFILL_HOST_ROUTING=1: expert offsets via a host round trip per layer
-  bool profile = false;      // LILY_PREFILL_PROFILE=1: per-op times of each chunk to stderr
-  // LILY_PREFILL_GDN=scan|chunked: the Gated DeltaNet recurrence as the register-resident
-  // sequential scan or the chunked WY form; unset: chunked from kGdnChunkedMinTokens on.
-  enum class Gdn { ByLength, Scan, Chunked } gdn = Gdn::ByLength;
-  // Chunk lengths 64..4096 on the H200 (perf-log P4): the scan 7.5 % / 3.9 % faster at 64 / 128,
-  // even at 256-512, the chunked form 5.5 % / 2.5 % faster at 1K / 4K.
+  int moe_tile = 0;          // rows per grouped-GEMM tile (16/32/64/128; 0 = by load)
+  int dense_tile = 0;        // rows per dense-GEMM tile (16/32/64/128; 0 = by length)
+  bool host_routing = false; // ablation: expert offsets via a host round trip per layer
+  bool profile = false;      // per-op times of each chunk to stderr
+  // The Gated DeltaNet recurrence: by length, the chunked WY form from kGdnChunkedMinTokens
+  // on (the scan faster below, perf-log P4).
+  GdnRoute gdn = GdnRoute::ByLength;
   static constexpr int kGdnChunkedMinTokens = 1024;
-  // LILY_PREFILL_GEMM=exact|bf16w|wgmma: scale and bias folded per group in fp32 (exact),
-  // or the weights rounded once to bf16 in registers with one accumulator over K (bf16w,
-  // as MLX's GPU kernels compute; 1.30x faster end to end at 4K, perf-log P3) on mma.sync,
-  // or the bf16w maths on Hopper warpgroup MMA (qgemm_wgmma.cu, sm_90a) for every GEMM.
-  // Unset: bf16w, on wgmma with 128 x 256 blocks for the dense GEMMs where that measured
-  // faster at 4K on the H200 (perf-log P5): K >= 2048 (in-projections 6-7 %, out-
-  // projections 12 %, shared gate/up 15 %; the K = 512 shared down is 39 % slower) in
-  // chunks of kWgmmaMinTokens or more (chunks of 512: 12 % slower end to end, 1K: even,
-  // 2K and 4K: 3 % faster). The grouped expert GEMMs stay on mma.sync (wgmma's
-  // 64 x 128 blocks are 13-23 % slower there).
-  enum class Gemm { ByShape, Exact, Bf16w, Wgmma } gemm = Gemm::ByShape;
+  // The GEMMs: by shape, bf16 weights (as MLX's GPU kernels compute, perf-log P3) on Hopper
+  // warpgroup MMA for the dense GEMMs with K >= kWgmmaMinK in chunks of kWgmmaMinTokens or
+  // more, on mma.sync otherwise (perf-log P5); or one route for every GEMM.
+  GemmRoute gemm = GemmRoute::ByShape;
   static constexpr int kWgmmaMinK = 2048, kWgmmaMinTokens = 2048;
-  bool gemm_bf16w() const { return gemm != Gemm::Exact; }
+  AttnRoute attn = AttnRoute::ByHeadDim;  // the flash attention kernel
+  bool gemm_bf16w() const { return gemm != GemmRoute::Exact; }
   bool gemm_wgmma_dense(int K, int T) const {
-    return gemm == Gemm::Wgmma || (gemm == Gemm::ByShape && K >= kWgmmaMinK && T >= kWgmmaMinTokens);
+    return gemm == GemmRoute::Wgmma || (gemm == GemmRoute::ByShape && K >= kWgmmaMinK && T >= kWgmmaMinTokens);
   }
-  bool gemm_wgmma_grouped() const { return gemm == Gemm::Wgmma; }
-  bool gdn_chunked(int T) const { return gdn == Gdn::Chunked || (gdn == Gdn::ByLength && T >= kGdnChunkedMinTokens); }
-  // LILY_PREFILL_* of the environment, each refused with its name when malformed or unfit for `c`.
-  static PrefillOptions from_env(const ModelConfig& c);
+  bool gemm_wgmma_grouped() const { return gemm == GemmRoute::Wgmma; }
+  bool gdn_chunked(int T) const { return gdn == GdnRoute::Chunked || (gdn == GdnRoute::ByLength && T >= kGdnChunkedMinTokens); }
+  // The prefill part of the executor options, refused by name where unfit for `c`.
+  static PrefillOptions from(const ExecutorOptions& o, const ModelConfig& c);
 };
 
 // Activations of one chunk, allocated for `capacity` tokens once and reused; peak

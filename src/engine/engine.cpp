@@ -2,6 +2,7 @@
 
 #include "cpu/cpu_executor.h"
 #include "error.h"
+#include "options.h"
 #ifdef LILY_HAS_CUDA
 #include "cuda_executor.h"
 #endif
@@ -26,13 +27,14 @@ int cuda_index(const std::string& device) {
 }
 
 std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weights, const std::string& device) {
+  const ExecutorOptions options = ExecutorOptions::from_env();  // every LILY_* checked, whichever device
   if (device == "cpu") return make_cpu_executor(std::move(weights));
   const bool want_cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
   if (!want_cuda && device != "auto") fail("device '", device, "' is unknown; use 'auto', 'cpu', 'cuda' or 'cuda:N'");
   const int index = want_cuda ? cuda_index(device) : 0;
 #ifdef LILY_HAS_CUDA
   const int count = cuda_device_count();
-  if (index < count) return make_cuda_executor(std::move(weights), index);
+  if (index < count) return make_cuda_executor(std::move(weights), index, options);
   if (want_cuda)
     fail("device '", device, "': ",
          count == 0 ? std::string("no CUDA device is visible")

@@ -2,7 +2,7 @@
 // cache rows it appends, the gated bf16 outputs (head dims 64/128/256, GQA groups 1, 2, 3, 8, 16,
 // token counts off the tile sizes, fresh and pre-filled caches, a 40K context), chunked
 // calls, and decode continuing after prefill on the same cache; then the same for the
-// wgmma flash kernel (LILY_PREFILL_ATTN=wgmma, D = 256) and its refusal of other head dims.
+// wgmma flash kernel (AttnRoute::Wgmma, D = 256) and its refusal of other head dims.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -84,6 +84,9 @@ struct Device {
   }
 };
 
+// The flash kernel the tests ask for (AttnPrefillArgs::route): ScopedRoute below sets it.
+AttnRoute g_route = AttnRoute::ByHeadDim;
+
 // Prefill of tokens t0 .. t0+T-1 of the problem.
 void prefill(const Problem& P, const Device& d, int t0, int T) {
   AttnPrefillArgs a;
@@ -101,6 +104,7 @@ void prefill(const Problem& P, const Device& d, int t0, int T) {
   a.pos0 = P.pos0 + t0;
   a.ctx = P.ctx;
   a.Hq = P.s.Hq, a.Hkv = P.s.Hkv, a.D = P.s.D, a.rot_dim = P.rot, a.eps = 1e-6f;
+  a.route = g_route;
   attention_prefill(a, 0);
   CK(cudaGetLastError());
 }
@@ -228,28 +232,22 @@ std::vector<double> as_double(const std::vector<uint16_t>& b) {
   return d;
 }
 
-// Sets LILY_PREFILL_ATTN (attention_prefill reads it on every call) for a scope, then
-// restores what was there.
+// Sets the flash kernel the tests ask for (g_route) for a scope.
 class ScopedRoute {
  public:
-  explicit ScopedRoute(const char* route) {
-    if (const char* v = std::getenv(kVar)) saved_ = v, had_ = true;
-    setenv(kVar, route, 1);
-  }
+  explicit ScopedRoute(AttnRoute route) : saved_(g_route) { g_route = route; }
   ScopedRoute(const ScopedRoute&) = delete;
-  ~ScopedRoute() { had_ ? setenv(kVar, saved_.c_str(), 1) : unsetenv(kVar); }
+  ~ScopedRoute() { g_route = saved_; }
 
  private:
-  static constexpr const char* kVar = "LILY_PREFILL_ATTN";
-  std::string saved_;
-  bool had_ = false;
+  AttnRoute saved_;
 };
 
 std::string label(const Problem& P) {
   char s[140];
-  const char* route = std::getenv("LILY_PREFILL_ATTN");  // set empty: the default route
-  std::snprintf(s, sizeof s, "attention prefill %s Hq%d Hkv%d D%d, T %d at pos0 %d",
-                !route ? "" : *route ? route : "default", P.s.Hq, P.s.Hkv, P.s.D, P.T, P.pos0);
+  const char* route = g_route == AttnRoute::Mma ? "mma" : g_route == AttnRoute::Wgmma ? "wgmma" : "default";
+  std::snprintf(s, sizeof s, "attention prefill %s Hq%d Hkv%d D%d, T %d at pos0 %d", route, P.s.Hq, P.s.Hkv, P.s.D,
+                P.T, P.pos0);
   return s;
 }
 
@@ -363,7 +361,7 @@ void run_attention_prefill_tests() {
   const Shape small{4, 2, 64}, real{16, 2, 256}, single{8, 1, 128};
   uint64_t seed = 300;
   {
-    const ScopedRoute mma("mma");  // D = 256 would take the wgmma kernel by default
+    const ScopedRoute mma(AttnRoute::Mma);  // D = 256 would take the wgmma kernel by default
     for (const Shape& s : {small, real, single})
       for (int pos0 : {0, 1000})
         for (int T : {1, 7, 64, 100, 257}) test_prefill(s, T, pos0, ++seed);
@@ -381,13 +379,13 @@ void run_attention_prefill_tests() {
     // The default (D = 64 on mma.sync, D = 256 on wgmma) runs and is right for both head
     // dims; which kernel it picked shows in the registry's times, not here (both kernels
     // accumulate alike: their outputs can be bit for bit the same).
-    const ScopedRoute by_head_dim("");
+    const ScopedRoute by_head_dim(AttnRoute::ByHeadDim);
     test_prefill(small, 100, 1000, ++seed);
     test_prefill(real, 100, 1000, ++seed);
   }
 
   // The wgmma kernel (D = 256) on the same comparisons and thresholds.
-  const ScopedRoute wgmma("wgmma");
+  const ScopedRoute wgmma(AttnRoute::Wgmma);
   for (int pos0 : {0, 1000})
     for (int T : {1, 7, 37, 64, 100, 257}) test_prefill(real, T, pos0, ++seed);
   test_prefill({2, 2, 256}, 257, 1000, ++seed);   // G = 1: 128 tokens per block
@@ -404,7 +402,7 @@ void run_attention_prefill_tests() {
   } catch (const std::exception& e) {
     refusal = e.what();
   }
-  expect("LILY_PREFILL_ATTN=wgmma refuses D = 64, naming the variable ('" + refusal + "')",
+  expect("the wgmma route refuses D = 64, naming LILY_PREFILL_ATTN ('" + refusal + "')",
          refusal.find("LILY_PREFILL_ATTN") != std::string::npos);
 }
 
