@@ -41,13 +41,11 @@ JOBS=$(nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS LILY_CUDA=ON PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/device.txt"
 
-NVCC_FLAGS="-std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 --use_fast_math -lineinfo -Isrc/cpp -Isrc/cuda -Isrc/cuda/tests"
 t0=$(date +%s)
-build_kernel_tests() {  # one nvcc per file in parallel, then a link
-  mkdir -p /tmp/kt &&
-  printf '%s\n' src/cuda/tests/*.cu src/cuda/*.cu src/cpp/sampling.cpp |
-    xargs -P "$JOBS" -I{} sh -c 'nvcc '"$NVCC_FLAGS"' -c "$1" -o /tmp/kt/$(echo "$1" | tr / _).o' _ {} &&
-  nvcc $NVCC_FLAGS /tmp/kt/*.o -o /tmp/kernel_tests
+build_kernel_tests() {  # the CMake targets of the kernel tests and the kernel registry (CMakeLists.txt)
+  cmake -S . -B /tmp/kt -G Ninja -DLILY_CUDA=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+  cmake --build /tmp/kt --target lily_kernel_tests lily_ops_bench -j "$JOBS" &&
+  cp /tmp/kt/lily_kernel_tests /tmp/kernel_tests
 }
 rm -rf /tmp/lily /tmp/kt /tmp/kernel_tests  # a warm machine keeps /tmp: never test the previous call's build
 ( build_kernel_tests > "$OUT/build_kernel_tests.log" 2>&1; echo $? > /tmp/kernel_tests.rc ) &
@@ -175,7 +173,7 @@ if [ "$pip_rc" = 0 ]; then
     echo "variants passing: ${ok#,}; picked for the bench: ${PICKED:-none}"
   fi
   if want ops && [ -x benchmarks/ops/run.sh ]; then
-    run_step ops 240 ops.log benchmarks/ops/run.sh --json "$OUT/ops.json"
+    run_step ops 240 ops.log env LILY_OPS_BUILD=/tmp/kt benchmarks/ops/run.sh --json "$OUT/ops.json"
   fi
   if want bench; then
     compare=${LILY_BENCH_COMPARE:+--compare $LILY_BENCH_COMPARE}

@@ -41,10 +41,12 @@ __global__ void __launch_bounds__(kThreads) empty_kernel(float* sink) {
 template <int PART>
 __global__ void __launch_bounds__(kThreads) stage_kernel(XSpec X, int cols, float* sink) {
   extern __shared__ uint4 smem_u4[];
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, cols);
+  const MmaStage st = mma_stage(smem_u4, cols);
+  uint4* const xf = st.xf;
+  float *const xsum = st.xsum, *const raw = st.raw;
   pdl_wait();
   if constexpr (PART == 0) {
-    stage_x_mma(X, cols, xf, xsum, raw, raw + cols);
+    stage_x_mma(X, cols, st);
     if (threadIdx.x == 0) sink[blockIdx.x] = xsum[0];
   } else if constexpr (PART == 3) {
     // Every load first (unrolled, cols <= 2048 at 256 threads), so they share one L2 round trip.
@@ -106,7 +108,7 @@ constexpr int kChain = 21;
 __global__ void __launch_bounds__(kThreads) chain_gemv_kernel(QMat W, XSpec X, float* y, ChainLink link) {
   constexpr int kGpw = 4;  // 2048 columns over 8 warps
   extern __shared__ uint4 smem_u4[];
-  const auto [xf, xsum, raw] = mma_stage(smem_u4, W.cols);
+  const MmaStage st = mma_stage(smem_u4, W.cols);
   __shared__ float red[kThreads / 32][16];
   const int lane = threadIdx.x & 31, G = W.cols / 64, g0 = (threadIdx.x >> 5) * kGpw;
   MmaTiles<kGpw> tiles;
@@ -120,9 +122,9 @@ __global__ void __launch_bounds__(kThreads) chain_gemv_kernel(QMat W, XSpec X, f
     pdl_wait();
   }
   if (link.reset && blockIdx.x == 0 && threadIdx.x == 0) st_relaxed(link.reset, 0u);
-  stage_x_mma(X, W.cols, xf, xsum, raw, raw + W.cols);
+  stage_x_mma(X, W.cols, st);
   float y0 = 0.0f, y1 = 0.0f;
-  tiles.accumulate(g0, G, g0, xf, xsum, lane, y0, y1);
+  tiles.accumulate(g0, G, g0, st.xf, st.xsum, lane, y0, y1);
   const float v = reduce_rows16(red, y0, y1);
   if (threadIdx.x < 16) y[blockIdx.x * 16 + threadIdx.x] = v;
   pdl_trigger();

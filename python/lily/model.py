@@ -383,8 +383,9 @@ class _Run:
         stream = self._stream
         state = f"finished ({self.result.finish_reason})" if self.result else "generating"
         n = stream.n_tokens - 1  # the first token's time is part of prefill
-        speed = n / stream.decode_seconds if n > 0 and stream.decode_seconds > 0 else 0.0
-        return (f"<lily stream {state}: {len(self._ids)} tokens read at {speed:,.1f} tok/s, "
+        read = len(self._ids)
+        speed = f", decoding at {n / stream.decode_seconds:,.1f} tok/s" if n > 0 and stream.decode_seconds > 0 else ""
+        return (f"<lily stream {state}: {read} token{'' if read == 1 else 's'} read{speed}, "
                 f"text={_preview(''.join(self._text))}>")
 
     def __iter__(self):

@@ -1,5 +1,5 @@
-// Standalone tests of the CUDA kernels against fp64 references (built and run by
-// scripts/gpu_check.sh; CMake does not build this folder). Usage:
+// Standalone tests of the CUDA kernels against fp64 references (the CMake target
+// lily_kernel_tests, built and run by scripts/gpu_check.sh). Usage:
 //   kernel_tests [--suite NAME] [--long]
 // --suite runs one suite (scripts/gpu_check.sh runs each in its own process, so a
 // kernel fault in one suite does not hide the others); --long: attention at position
