@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lily import synthetic
+from lily import _lily, synthetic
 
 PROMPT_IDS = [1, 50, 300, 999, 7, 8, 9, 100, 42, 600]
 
@@ -149,8 +149,8 @@ def test_config_35b_matches_model_md():
 def test_35b_mlx_plan_matches_model_md_table():
     # The concrete quantized shapes of docs/MODEL.md §3.3, without writing 19 GB.
     c = synthetic.config_35b()
-    tensors, quantization = synthetic._mlx_tensors(c, 0, random_codes=True)
-    got = {t.name: (t.dtype, list(t.shape)) for t in tensors}
+    got = {t.name: (t.dtype, list(t.shape)) for t in synthetic._tensors(c, "mlx", 0, random_codes=True)}
+    quantization = _lily.mlx_quantization(json.dumps(c))
     assert got == expected_mlx(c)
     m = "language_model.model."
     assert got[m + "embed_tokens.weight"] == ("U32", [248320, 256])
