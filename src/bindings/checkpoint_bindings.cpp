@@ -24,7 +24,8 @@ Layout parse_layout(const std::string& name) {
   if (name == "mlx") return Layout::Mlx;
   if (name == "hf") return Layout::Hf;
   if (name == "hf_per_expert") return Layout::HfPerExpert;
-  fail("layout must be 'mlx', 'hf' or 'hf_per_expert', got '", name, "'");
+  if (name == "hf_text") return Layout::HfText;
+  fail("layout must be 'mlx', 'hf', 'hf_per_expert' or 'hf_text', got '", name, "'");
 }
 
 ModelConfig parse_config(const std::string& config_json) {
@@ -61,10 +62,8 @@ nb::dict tensor_dict(const StoredTensor& t, const std::vector<WeightEntry>& tabl
   d["source"] = w.hf_name;
   d["source_shape"] = sizes(w.hf_shape);
   d["expert"] = t.expert;
-  if (w.is_stack() && t.name != stored_name(Layout::Hf, w.hf_name))
-    d["rows"] = std::make_tuple(w.hf_first_row, w.hf_first_row + w.shape[1].size);
-  else
-    d["rows"] = nb::none();
+  if (t.end_row > t.first_row) d["rows"] = std::make_tuple(t.first_row, t.end_row);
+  else d["rows"] = nb::none();
   return d;
 }
 
@@ -120,7 +119,7 @@ void write_safetensors_py(const std::string& dir, const std::vector<std::tuple<s
   write_safetensors(dir, headers, format, max_shard_bytes, [&](size_t i, const ByteSink& sink) {
     for (nb::handle chunk : chunks(i)) {
       Chunk a;
-      if (!nb::try_cast(chunk, a) || a.dtype() != array_dtype(headers[i].dtype))
+      if (!nb::try_cast(chunk, a, /*convert=*/false) || a.dtype() != array_dtype(headers[i].dtype))
         fail("write_safetensors: tensor '", headers[i].name, "' was given a chunk that is not a C-contiguous array of ",
              dtype_name(headers[i].dtype));
       sink(a.data(), a.nbytes());
@@ -132,8 +131,8 @@ void write_safetensors_py(const std::string& dir, const std::vector<std::tuple<s
 
 void register_checkpoint(nb::module_& m) {
   m.def("checkpoint_tensors", &checkpoint_tensors_py, nb::arg("config_json"), nb::arg("layout"),
-        "Every tensor of a checkpoint of config.json text `config_json` in `layout` ('mlx', 'hf' or\n"
-        "'hf_per_expert'), sorted by name: dicts of name, dtype, shape, part ('float', 'codes', 'scales',\n"
+        "Every tensor of a checkpoint of config.json text `config_json` in `layout` ('mlx', 'hf',\n"
+        "'hf_per_expert' or 'hf_text'), sorted by name: dicts of name, dtype, shape, part ('float', 'codes', 'scales',\n"
         "'biases'; quantized parts add module, group_size, bits), fields (what it fills in lily), kind,\n"
         "weight_shape, plus_one (stored as 1 + w), and where its values are in the HF layout: source,\n"
         "source_shape, expert (per-expert tensors) and rows (of each expert's block; None: all).");

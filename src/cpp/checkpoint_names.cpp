@@ -243,6 +243,10 @@ std::vector<StoredTensor> stored_tensors(const WeightEntry& w, Layout layout, co
     t.name = stored_name(layout, name);
     t.dtype = w.dtype;
     t.shape = std::move(shape);
+    if (w.is_stack() && (layout == Layout::Mlx || layout == Layout::HfPerExpert)) {
+      t.first_row = w.hf_first_row;
+      t.end_row = w.hf_first_row + w.shape[1].size;
+    }
     return t;
   };
   if (layout == Layout::Mlx) {
@@ -263,7 +267,7 @@ std::vector<StoredTensor> stored_tensors(const WeightEntry& w, Layout layout, co
     }
     return out;
   }
-  if (layout == Layout::Hf || !w.is_stack()) return {tensor(w.hf_name, sizes(w.hf_shape))};
+  if (layout != Layout::HfPerExpert || !w.is_stack()) return {tensor(w.hf_name, sizes(w.hf_shape))};
   std::vector<StoredTensor> out;
   const std::vector<int64_t> one = {w.shape[1].size, w.shape[2].size};
   for (int64_t e = 0; e < w.shape[0].size; ++e) {
@@ -288,7 +292,7 @@ std::vector<StoredTensor> checkpoint_tensors(const std::vector<WeightEntry>& tab
 std::string stored_name(Layout layout, const std::string& name) {
   const bool beside = starts_with(name, kLmHead);
   if (layout == Layout::Mlx) return (beside ? kMlxBeside : kMlxModel) + name;
-  return beside ? name : kHfModel + name;
+  return beside ? name : (layout == Layout::HfText ? kHfTextOnly : kHfModel) + name;
 }
 
 std::string lily_name(const std::string& name, bool& is_mlx) {

@@ -22,7 +22,8 @@ struct Dense;
 // Mlx: mlx-community's affine 4-bit layout (language_model.model.*, switch_mlp experts, norms
 // stored as 1 + w). Hf: Qwen's bf16 layout (model.language_model.*, fused 3-D experts, zero-
 // centred norms). HfPerExpert: Hf with experts as mlp.experts.{e}.{gate,up,down}_proj.weight.
-enum class Layout { Mlx, Hf, HfPerExpert };
+// HfText: Hf as a text-only model names it (Qwen3_5MoeForCausalLM: model.*).
+enum class Layout { Mlx, Hf, HfPerExpert, HfText };
 
 // What a weight is: how the layouts store it and how random weights draw it.
 enum class WeightKind {
@@ -101,6 +102,9 @@ struct StoredTensor {
   QuantSpec quant;              // of a quantized part
   bool plus_one = false;        // holds 1 + w (MLX's norms)
   int64_t expert = -1;          // HfPerExpert: the expert it holds
+  // An expert stack's rows [first, end) of each expert's block of its HF tensor (hf_name), when
+  // it holds only those (MLX's switch_mlp, HfPerExpert); first == end: the whole tensor.
+  int64_t first_row = 0, end_row = 0;
   std::vector<size_t> weights;  // the table entries it holds (experts.gate_up_proj: gate and up)
 };
 

@@ -203,31 +203,6 @@ size_t TensorHeader::nbytes() const {
 
 namespace {
 
-// s as a JSON string, escaped as Python's json module escapes ASCII text.
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (ch < 0x20) {
-          char esc[8];
-          std::snprintf(esc, sizeof esc, "\\u%04x", ch);
-          out += esc;
-        } else {
-          out += static_cast<char>(ch);
-        }
-    }
-  }
-  return out + "\"";
-}
-
 // The header: tensors in order, data offsets packed, padded with spaces to 8 bytes so that the
 // data stays aligned.
 std::string header_json(const std::vector<const TensorHeader*>& tensors, const std::string& format) {

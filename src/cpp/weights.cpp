@@ -68,18 +68,19 @@ class Loader {
       by_canon_[c] = &t;
     }
     w_.source_layout = any_mlx ? "mlx" : "hf";
-    // mlx-lm's rule: norms are zero-centred (need +1) exactly when conv1d is in the raw
-    // HF layout [C, 1, K] (last dim != 1); an MLX-sanitized checkpoint has [C, K, 1].
-    for (const auto& [c, t] : by_canon_)
-      if (c.find("linear_attn.conv1d.weight") != std::string::npos && !t->shape.empty() && t->shape.back() != 1)
-        shift_norms_ = true;
   }
 
   void load() {
     const ModelConfig& c = w_.config;
+    const std::vector<WeightEntry> table = weight_table(c);
+    // mlx-lm's rule: norms are zero-centred (need +1) exactly when conv1d is in the raw
+    // HF layout [C, 1, K] (last dim != 1); an MLX-sanitized checkpoint has [C, K, 1].
+    for (const WeightEntry& e : table)
+      if (auto it = by_canon_.find(e.name); e.kind == WeightKind::Conv && it != by_canon_.end())
+        shift_norms_ |= !it->second->shape.empty() && it->second->shape.back() != 1;
     w_.layers.resize(c.num_hidden_layers);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) w_.layers[i].kind = c.layer_kinds[i];
-    for (const WeightEntry& e : weight_table(c)) {
+    for (const WeightEntry& e : table) {
       if (e.is_stack()) e.matrix(w_) = experts(e);
       else if (is_matrix(e.kind)) e.matrix(w_) = linear(e);
       else e.dense(w_) = dense(e);
