@@ -323,13 +323,12 @@ def _quantized_chunks(seed: int, t: dict, p: _Param, blocks, rows, random_codes:
     top = (1 << bits) - 1
     code_std = math.sqrt(((top + 1) ** 2 - 1) / 12)  # std of a uniform code in [0, top]
     for i in blocks:
+        n = _blocks(tuple(t["weight_shape"]))[i][0]  # rows of block i
         if not random_codes:
             x = quant.quantize(_float_block(seed, p, i)[rows], group, bits)[part]
         elif part == 0:
-            n = _blocks(tuple(t["weight_shape"]))[i][0]
             x = _rng(seed, t["module"], i, 0).integers(0, 1 << 32, (n, K * bits // 32), dtype=np.uint32)
         else:
-            n = _blocks(tuple(t["weight_shape"]))[i][0]
             jitter = _rng(seed, t["module"], i, 1).uniform(0.8, 1.2, (n, K // group)).astype(np.float32)
             x = _round_bf16(np.float32(p.std / code_std) * jitter)
             x = x if part == 1 else -x * np.float32(top / 2)
@@ -362,8 +361,8 @@ def _extra_tensors(c: dict, seed: int, layout: str) -> list[_Tensor]:
               _Param(mtp + "layers.0.input_layernorm.weight", (H,), "norm"),
               _Param(vision + "patch_embed.proj.weight", (32, 3 * 2 * 16 * 16), "normal", 0.02),
               _Param(vision + "blocks.0.norm1.weight", (32,), "gain")]
-    blocks = lambda p: range(len(_blocks(p.shape)))  # noqa: E731
-    return [_Tensor(p.name, "BF16", p.shape, functools.partial(_float_chunks, seed, p, "BF16", blocks(p)))
+    return [_Tensor(p.name, "BF16", p.shape,
+                    functools.partial(_float_chunks, seed, p, "BF16", range(len(_blocks(p.shape)))))
             for p in extras]
 
 

@@ -107,10 +107,12 @@ nb::dlpack::dtype array_dtype(DType t) {
 
 using Chunk = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
-// tensors: (name, dtype, shape) in file order; chunks(i) gives tensor i's data as C-contiguous
-// numpy arrays of its dtype, in order, so a tensor is written as it is produced.
-void write_safetensors_py(const std::string& dir, const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& tensors,
-                          const std::string& format, int64_t max_shard_bytes, nb::callable chunks) {
+using Header = std::tuple<std::string, std::string, std::vector<int64_t>>;  // name, dtype, shape
+
+// tensors in file order; chunks(i) gives tensor i's data as C-contiguous numpy arrays of its
+// dtype (never copied), in order, so a tensor is written as it is produced.
+void write_safetensors_py(const std::string& dir, const std::vector<Header>& tensors, const std::string& format,
+                          int64_t max_shard_bytes, nb::callable chunks) {
   std::vector<TensorHeader> headers;
   for (const auto& [name, dtype, shape] : tensors) {
     TensorHeader& h = headers.emplace_back(TensorHeader{name, DType::F32, shape});
@@ -132,8 +134,9 @@ void write_safetensors_py(const std::string& dir, const std::vector<std::tuple<s
 void register_checkpoint(nb::module_& m) {
   m.def("checkpoint_tensors", &checkpoint_tensors_py, nb::arg("config_json"), nb::arg("layout"),
         "Every tensor of a checkpoint of config.json text `config_json` in `layout` ('mlx', 'hf',\n"
-        "'hf_per_expert' or 'hf_text'), sorted by name: dicts of name, dtype, shape, part ('float', 'codes', 'scales',\n"
-        "'biases'; quantized parts add module, group_size, bits), fields (what it fills in lily), kind,\n"
+        "'hf_per_expert' or 'hf_text'), sorted by name: dicts of name, dtype, shape, part ('float',\n"
+        "'codes', 'scales', 'biases'; quantized parts add module, group_size, bits), fields (what it\n"
+        "fills in lily), kind,\n"
         "weight_shape, plus_one (stored as 1 + w), and where its values are in the HF layout: source,\n"
         "source_shape, expert (per-expert tensors) and rows (of each expert's block; None: all).");
   m.def("mlx_quantization", &mlx_quantization, nb::arg("config_json"),

@@ -235,8 +235,8 @@ void write_file(const std::string& path, const std::vector<const TensorHeader*>&
       written += size;
     });
     if (written != tensors[k]->nbytes())
-      fail(path, ": tensor '", tensors[k]->name, "' was given ", std::to_string(written), " bytes; its dtype and shape ",
-           "take ", std::to_string(tensors[k]->nbytes()));
+      fail(path, ": tensor '", tensors[k]->name, "' was given ", std::to_string(written),
+           " bytes; its dtype and shape take ", std::to_string(tensors[k]->nbytes()));
   }
   if (!f.flush()) fail(path, ": write failed (disk full?)");
 }

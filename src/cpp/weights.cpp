@@ -146,7 +146,8 @@ class Loader {
     const int64_t E = e.is_stack() ? e.shape[0].size : 0, N = e.shape.end()[-2].size, K = e.shape.back().size;
     const TensorView& st = need(part_tensor(module, Part::Scales));
     const TensorView* bt = find(part_tensor(module, Part::Biases));
-    if (!bt) fail(st.file, ": tensor '", part_tensor(module, Part::Biases), "' is missing (lily reads the affine mode only)");
+    if (!bt)
+      fail(st.file, ": tensor '", part_tensor(module, Part::Biases), "' is missing (lily reads the affine mode only)");
     if (wt.dtype != DType::U32) bad(wt, std::string("has dtype ") + dtype_name(wt.dtype) + ", expected U32 codes");
     for (const TensorView* t : {&st, bt})
       if (t->dtype != DType::BF16) bad(*t, std::string("has dtype ") + dtype_name(t->dtype) + ", expected BF16");
@@ -348,7 +349,8 @@ void ModelWeights::save_mlx(const std::string& out_dir, int64_t max_shard_bytes)
     for (const StoredTensor& t : stored_tensors(e, Layout::Mlx, QuantSpec{q.group_size, q.bits}))
       out.push_back(quantized_part(t, q));
   }
-  std::sort(out.begin(), out.end(), [](const OutTensor& a, const OutTensor& b) { return a.header.name < b.header.name; });
+  std::sort(out.begin(), out.end(),
+            [](const OutTensor& a, const OutTensor& b) { return a.header.name < b.header.name; });
   std::vector<TensorHeader> headers;
   for (const OutTensor& t : out) headers.push_back(t.header);
   write_safetensors(out_dir, headers, "mlx", max_shard_bytes,
