@@ -85,7 +85,9 @@ def test_sharded_output_and_copied_files(hf_checkpoints, tmp_path):
     out = convert(src, tmp_path / "sharded", shard_bytes=150_000)
     shards = sorted(out.glob("*.safetensors"))
     assert len(shards) > 2 and shards[0].name == f"model-00001-of-{len(shards):05d}.safetensors"
-    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index_text = (out / "model.safetensors.index.json").read_text()
+    index = json.loads(index_text)
+    assert index_text == json.dumps(index, indent=2) + "\n"  # lily's one writer, as lily.synthetic writes it
     assert index["metadata"]["total_size"] == sum(len(t[2]) for t in whole.values())
     assert set(index["weight_map"]) == set(whole) and set(index["weight_map"].values()) == {p.name for p in shards}
     assert_same_tensors(read_tensors(out), whole)

@@ -104,6 +104,15 @@ def test_missing_quantization_biases(ckpt):
     assert "shared_expert.up_proj.biases" in msg and f.name in msg
 
 
+def test_quantized_codes_without_scales(ckpt):
+    """U32 codes are quantized whatever else is there: the missing scales are named (the U32
+    codes were refused as a float tensor before)."""
+    f, name = find_tensor(ckpt, "mlp.switch_mlp.down_proj.scales")
+    edit(f, lambda t: t.pop(name))
+    msg = load_error(ckpt)
+    assert "missing tensor" in msg and "switch_mlp.down_proj.scales" in msg and "dtype" not in msg, msg
+
+
 def test_extra_tensor(ckpt):
     f, name = find_tensor(ckpt, "layers.0.input_layernorm.weight")
     extra = name.replace("input_layernorm", "mystery_norm")

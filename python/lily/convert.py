@@ -51,13 +51,8 @@ def mlx_config(config: dict, generation_config: dict | None = None) -> dict:
         c["eos_token_id"] = generation_config["eos_token_id"]
     c.pop("_name_or_path", None)
     c.pop("vision_config", None)
-    quantization = c.get("quantization")
-    if not quantization:  # Qwen3.5/3.6 MoE: 4-bit, with 8-bit router and shared-expert gate
-        layers = c.get("text_config", c).get("num_hidden_layers", 0)
-        quantization = {"group_size": 64, "bits": 4, "mode": "affine"}
-        for i in range(layers):
-            for module in ("mlp.gate", "mlp.shared_expert_gate"):
-                quantization[f"language_model.model.layers.{i}.{module}"] = {"group_size": 64, "bits": 8}
+    # Qwen3.5/3.6 MoE: 4-bit, with 8-bit router and shared-expert gate (lily's checkpoint table).
+    quantization = c.get("quantization") or _lily.mlx_quantization(json.dumps(config))
     c["quantization"] = c["quantization_config"] = quantization
     return dict(sorted(c.items()))
 

@@ -10,8 +10,10 @@ Two layouts (docs/MODEL.md §2-3):
 Both layouts are drawn from the same random numbers, so the "mlx" checkpoint of a seed is the
 4-bit conversion of the "hf" checkpoint of that seed. Writing streams tensor by tensor, so a
 35B checkpoint needs little memory; at that size quantized weights are random codes with
-scales chosen for the same spread instead of quantized floats. Needs numpy, lily's extension
-(to quantize) and, when a tokenizer is written, the ``tokenizers`` library; no torch or MLX.
+scales chosen for the same spread instead of quantized floats. The names, shapes and
+quantization come from lily's checkpoint table and the files from its safetensors writer (both
+in lily's extension); needs numpy and, when a tokenizer is written, the ``tokenizers`` library;
+no torch or MLX.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from . import _lily, quant
 from .output import check_empty_dir, check_free_space
 
 _TEMPLATES = Path(__file__).parent / "templates"
-_GROUP_SIZE, _BITS, _GATE_BITS = 64, 4, 8
 _ROW_BLOCK_ELEMENTS = 1 << 22  # float elements generated at a time for 2-D tensors
 _RANDOM_CODES_ABOVE = 1 << 30  # parameters; beyond this, quantized weights are random codes
 
@@ -209,58 +211,32 @@ def config_35b(**overrides) -> dict:
     return _text_config(base, overrides)
 
 
-# ---- the model's parameters, in HF terms -------------------------------------------------------
+# ---- the tensors: lily's checkpoint table, values drawn from the HF parameters -----------------
+
+
+def _table(text: dict, layout: str) -> list[dict]:
+    """Every tensor `layout` stores for text_config `text` (lily's checkpoint table; see
+    ``_lily.checkpoint_tensors``), sorted by name."""
+    return _lily.checkpoint_tensors(json.dumps(text), layout)
 
 
 @dataclass(frozen=True)
 class _Param:
-    name: str  # HF name under model.language_model. ("lm_head.weight" at top level)
+    """An HF float tensor as drawn: every layout's values come from these."""
+
+    name: str  # the HF name under model.language_model. (lm_head.weight beside it)
     shape: tuple[int, ...]
     init: str  # "normal", "norm" (zero-centred), "gain" (near 1), "dt_bias", "A_log"
     std: float = 0.0  # for "normal"; also the spread random codes imitate
 
-    @property
-    def dtype(self) -> str:
-        return "F32" if self.init == "A_log" else "BF16"
 
-
-def _params(c: dict) -> list[_Param]:
-    H, V = c["hidden_size"], c["vocab_size"]
-    Hv, Dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
-    key_dim, value_dim = c["linear_num_key_heads"] * c["linear_key_head_dim"], Hv * Dv
-    conv_dim, Kc = 2 * key_dim + value_dim, c["linear_conv_kernel_dim"]
-    D, q_dim, kv_dim = c["head_dim"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    E, I, Is = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
-
-    def linear(name, n, k):  # unit-variance inputs give unit-variance outputs
-        return _Param(name, (n, k), "normal", k**-0.5)
-
-    p = [_Param("embed_tokens.weight", (V, H), "normal", 1.0), _Param("norm.weight", (H,), "norm")]
-    if not c.get("tie_word_embeddings", False):
-        p.append(linear("lm_head.weight", V, H))
-    for i, kind in enumerate(c["layer_types"]):
-        l = f"layers.{i}."
-        p += [_Param(l + "input_layernorm.weight", (H,), "norm"),
-              _Param(l + "post_attention_layernorm.weight", (H,), "norm")]
-        if kind == "linear_attention":
-            a = l + "linear_attn."
-            p += [linear(a + "in_proj_qkv.weight", conv_dim, H), linear(a + "in_proj_z.weight", value_dim, H),
-                  linear(a + "in_proj_b.weight", Hv, H), linear(a + "in_proj_a.weight", Hv, H),
-                  _Param(a + "conv1d.weight", (conv_dim, 1, Kc), "normal", Kc**-0.5),
-                  _Param(a + "dt_bias", (Hv,), "dt_bias"), _Param(a + "A_log", (Hv,), "A_log"),
-                  _Param(a + "norm.weight", (Dv,), "gain"), linear(a + "out_proj.weight", H, value_dim)]
-        else:
-            a = l + "self_attn."
-            p += [linear(a + "q_proj.weight", 2 * q_dim, H), linear(a + "k_proj.weight", kv_dim, H),
-                  linear(a + "v_proj.weight", kv_dim, H), linear(a + "o_proj.weight", H, q_dim),
-                  _Param(a + "q_norm.weight", (D,), "norm"), _Param(a + "k_norm.weight", (D,), "norm")]
-        m = l + "mlp."
-        p += [linear(m + "gate.weight", E, H),
-              _Param(m + "experts.gate_up_proj", (E, 2 * I, H), "normal", H**-0.5),
-              _Param(m + "experts.down_proj", (E, H, I), "normal", I**-0.5),
-              linear(m + "shared_expert.gate_proj.weight", Is, H), linear(m + "shared_expert.up_proj.weight", Is, H),
-              linear(m + "shared_expert.down_proj.weight", H, Is), linear(m + "shared_expert_gate.weight", 1, H)]
-    return p
+def _source(t: dict) -> _Param:
+    """The HF parameter whose values table entry t holds."""
+    shape = tuple(t["source_shape"])
+    if t["kind"] in ("norm", "gain", "dt_bias", "A_log"):
+        return _Param(t["source"], shape, t["kind"])
+    # Unit-variance inputs give unit-variance outputs; the embedding is looked up, not applied.
+    return _Param(t["source"], shape, "normal", 1.0 if t["kind"] == "embedding" else shape[-1] ** -0.5)
 
 
 def _blocks(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -279,7 +255,7 @@ def _rng(seed: int, name: str, *more: int) -> np.random.Generator:
 
 
 def _float_block(seed: int, p: _Param, i: int) -> np.ndarray:
-    """Block i of parameter p as float32 (bf16 values unless p is float32)."""
+    """Block i of parameter p as float32 (bf16 values, except A_log's)."""
     shape = _blocks(p.shape)[i]
     rng = _rng(seed, p.name, i)
     if p.init == "normal":
@@ -327,118 +303,67 @@ class _Tensor:
         return math.prod(self.shape) * (2 if self.dtype == "BF16" else 4)
 
 
-def _float_tensor(name: str, p: _Param, seed: int, shape=None, rows=slice(None), transform=None) -> _Tensor:
-    """Parameter p as a float tensor: optionally some rows of each block, transformed."""
-
-    def chunks():
-        for i in range(len(_blocks(p.shape))):
-            x = _float_block(seed, p, i)[rows]
-            yield _stored(transform(x) if transform else x, p.dtype)
-
-    return _Tensor(name, p.dtype, shape or p.shape, chunks)
+def _float_chunks(seed: int, p: _Param, dtype: str, blocks, rows=slice(None), plus_one=False):
+    """The stored values of `rows` of each of p's `blocks`, with 1 added (MLX's norms)."""
+    for i in blocks:
+        x = _float_block(seed, p, i)[rows]
+        if plus_one:  # rounded to bf16 as mlx_lm's sanitize does
+            x = _round_bf16(x + np.float32(1))
+        yield _stored(x, dtype)
 
 
-def _quantized_tensors(module: str, p: _Param, seed: int, shape, rows, bits: int, random_codes: bool) -> list[_Tensor]:
-    """module.weight/.scales/.biases for the float tensor `shape` (p, rows of each block).
+def _quantized_chunks(seed: int, t: dict, p: _Param, blocks, rows, random_codes: bool):
+    """One part of a quantized matrix (t["part"]: codes, scales or biases), block by block.
 
     random_codes: uniform random codes, with scales and biases that give the weights the
     spread (p.std) and zero mean that quantizing p would, at a fraction of the cost.
     """
-    *lead, K = shape
+    part = ("codes", "scales", "biases").index(t["part"])
+    bits, group, K = t["bits"], t["group_size"], t["weight_shape"][-1]
     top = (1 << bits) - 1
     code_std = math.sqrt(((top + 1) ** 2 - 1) / 12)  # std of a uniform code in [0, top]
-
-    def block(i: int, part: int) -> np.ndarray:  # part 0: codes, 1: scales, 2: biases
+    for i in blocks:
+        n = _blocks(tuple(t["weight_shape"]))[i][0]  # rows of block i
         if not random_codes:
-            from lily import quant
-
-            return quant.quantize(_float_block(seed, p, i)[rows], _GROUP_SIZE, bits)[part]
-        n = _blocks(tuple(shape))[i][0]
-        if part == 0:
-            return _rng(seed, module, i, 0).integers(0, 1 << 32, (n, K * bits // 32), dtype=np.uint32)
-        jitter = _rng(seed, module, i, 1).uniform(0.8, 1.2, (n, K // _GROUP_SIZE)).astype(np.float32)
-        scales = _round_bf16(np.float32(p.std / code_std) * jitter)
-        return scales if part == 1 else -scales * np.float32(top / 2)
-
-    def tensor(suffix: str, part: int, dtype: str, last: int) -> _Tensor:
-        def chunks():
-            for i in range(len(_blocks(p.shape))):
-                x = block(i, part)
-                yield x if part == 0 else _bf16_bits(x)
-
-        return _Tensor(module + suffix, dtype, (*lead, last), chunks)
-
-    return [tensor(".weight", 0, "U32", K * bits // 32), tensor(".scales", 1, "BF16", K // _GROUP_SIZE),
-            tensor(".biases", 2, "BF16", K // _GROUP_SIZE)]
-
-
-def _hf_expert_tensor(name: str, p: _Param, seed: int, e: int, rows: slice) -> _Tensor:
-    """Expert e's matrix (some rows of block e of a fused expert tensor)."""
-    N, K = p.shape[1:]
-    return _Tensor(name, "BF16", (len(range(N)[rows]), K), lambda: iter([_bf16_bits(_float_block(seed, p, e)[rows])]))
-
-
-def _hf_tensors(c: dict, seed: int, per_expert: bool) -> list[_Tensor]:
-    out = []
-    for p in _params(c):
-        name = p.name if p.name == "lm_head.weight" else "model.language_model." + p.name
-        if per_expert and ".experts." in name:
-            E, N = p.shape[:2]
-            experts = name.rsplit(".", 1)[0]
-            if "gate_up" in name:
-                projs = [("gate_proj", slice(0, N // 2)), ("up_proj", slice(N // 2, N))]
-            else:
-                projs = [("down_proj", slice(None))]
-            out += [_hf_expert_tensor(f"{experts}.{e}.{proj}.weight", p, seed, e, rows)
-                    for e in range(E) for proj, rows in projs]
+            x = quant.quantize(_float_block(seed, p, i)[rows], group, bits)[part]
+        elif part == 0:
+            x = _rng(seed, t["module"], i, 0).integers(0, 1 << 32, (n, K * bits // 32), dtype=np.uint32)
         else:
-            out.append(_float_tensor(name, p, seed))
-    return out
+            jitter = _rng(seed, t["module"], i, 1).uniform(0.8, 1.2, (n, K // group)).astype(np.float32)
+            x = _round_bf16(np.float32(p.std / code_std) * jitter)
+            x = x if part == 1 else -x * np.float32(top / 2)
+        yield x if part == 0 else _bf16_bits(x)
 
 
-def _mlx_tensors(c: dict, seed: int, random_codes: bool) -> tuple[list[_Tensor], dict]:
-    """The tensors of the MLX 4-bit layout and config.json's quantization block."""
-    quantization = {"group_size": _GROUP_SIZE, "bits": _BITS, "mode": "affine"}
-    out = []
+def _tensor(t: dict, seed: int, random_codes: bool) -> _Tensor:
+    """Table entry t, its values drawn from its HF source (an expert's block, some rows of it)."""
+    p = _source(t)
+    blocks = [t["expert"]] if t["expert"] >= 0 else range(len(_blocks(p.shape)))
+    rows = slice(*t["rows"]) if t["rows"] else slice(None)
+    if t["part"] == "float":
+        chunks = functools.partial(_float_chunks, seed, p, t["dtype"], blocks, rows, t["plus_one"])
+    else:
+        chunks = functools.partial(_quantized_chunks, seed, t, p, blocks, rows, random_codes)
+    return _Tensor(t["name"], t["dtype"], tuple(t["shape"]), chunks)
 
-    def linear(module: str, p: _Param, shape, rows=slice(None)):
-        if shape[-1] % _GROUP_SIZE:  # mlx_lm leaves such layers in bf16
-            out.append(_float_tensor(module + ".weight", p, seed, shape, rows))
-            return
-        bits = _GATE_BITS if module.endswith(("mlp.gate", "shared_expert_gate")) else _BITS
-        if bits != _BITS:
-            quantization[module] = {"group_size": _GROUP_SIZE, "bits": bits}
-        out.extend(_quantized_tensors(module, p, seed, shape, rows, bits, random_codes))
 
-    for p in _params(c):
-        name = "language_model.lm_head.weight" if p.name == "lm_head.weight" else "language_model.model." + p.name
-        if p.name.endswith("conv1d.weight"):  # [C, 1, K] -> [C, K, 1]: same memory order
-            out.append(_float_tensor(name, p, seed, (p.shape[0], p.shape[2], 1)))
-        elif p.init == "norm":  # +1 baked in, rounded to bf16 as mlx_lm's sanitize does
-            out.append(_float_tensor(name, p, seed, transform=lambda x: _round_bf16(x + np.float32(1))))
-        elif len(p.shape) == 1:
-            out.append(_float_tensor(name, p, seed))
-        elif p.name.endswith("experts.gate_up_proj"):
-            E, N, K = p.shape
-            switch = name.replace("experts.gate_up_proj", "switch_mlp.")
-            linear(switch + "gate_proj", p, (E, N // 2, K), slice(0, N // 2))
-            linear(switch + "up_proj", p, (E, N // 2, K), slice(N // 2, N))
-        elif p.name.endswith("experts.down_proj"):
-            linear(name.replace("experts.down_proj", "switch_mlp.down_proj"), p, p.shape)
-        else:
-            linear(name.removesuffix(".weight"), p, p.shape)
-    return out, quantization
+def _tensors(text: dict, layout: str, seed: int, random_codes: bool = False) -> list[_Tensor]:
+    """Every tensor of the checkpoint, sorted by name; random_codes applies to "mlx"."""
+    return [_tensor(t, seed, random_codes) for t in _table(text, layout)]
 
 
 def _extra_tensors(c: dict, seed: int, layout: str) -> list[_Tensor]:
     """A few MTP-head and vision-tower tensors, which text-only loaders must skip."""
     H = c["hidden_size"]
-    vision = "model.visual." if layout == "hf" else "vision_tower."
-    extras = [_Param("mtp.fc.weight", (H, 2 * H), "normal", 0.02), _Param("mtp.norm.weight", (H,), "norm"),
-              _Param("mtp.layers.0.input_layernorm.weight", (H,), "norm"),
+    skipped = _lily.skipped_prefixes(layout)
+    vision, mtp = skipped["vision"], skipped["mtp"]
+    extras = [_Param(mtp + "fc.weight", (H, 2 * H), "normal", 0.02), _Param(mtp + "norm.weight", (H,), "norm"),
+              _Param(mtp + "layers.0.input_layernorm.weight", (H,), "norm"),
               _Param(vision + "patch_embed.proj.weight", (32, 3 * 2 * 16 * 16), "normal", 0.02),
               _Param(vision + "blocks.0.norm1.weight", (32,), "gain")]
-    return [_float_tensor(p.name, p, seed) for p in extras]
+    return [_Tensor(p.name, "BF16", p.shape,
+                    functools.partial(_float_chunks, seed, p, "BF16", range(len(_blocks(p.shape)))))
+            for p in extras]
 
 
 # ---- writing ------------------------------------------------------------------------------------
@@ -446,46 +371,15 @@ def _extra_tensors(c: dict, seed: int, layout: str) -> list[_Tensor]:
 _NUMPY_DTYPES = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32}
 
 
-def _write_safetensors(path: Path, tensors: list[_Tensor], metadata: dict) -> None:
-    header: dict = {"__metadata__": metadata}
-    offset = 0
-    for t in tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # keeps the data 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for t in tensors:
-            written = 0
-            for chunk in t.chunks():
-                chunk = np.ascontiguousarray(chunk, dtype=np.dtype(_NUMPY_DTYPES[t.dtype]).newbyteorder("<"))
-                f.write(chunk.data)
-                written += chunk.nbytes
-            if written != t.nbytes:
-                raise AssertionError(f"synthetic: {t.name} produced {written} bytes, expected {t.nbytes}")
+def _write_tensors(out: Path, tensors: list[_Tensor], shard_bytes: int, metadata_format: str) -> None:
+    """Writes the tensors through lily's safetensors writer, each generated while it is written."""
 
+    def chunks(i: int):
+        dtype = _NUMPY_DTYPES[tensors[i].dtype]
+        return (np.ascontiguousarray(chunk, dtype=dtype) for chunk in tensors[i].chunks())
 
-def _write_shards(out: Path, tensors: list[_Tensor], shard_bytes: int, metadata: dict) -> None:
-    shards: list[list[_Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        if shards[-1] and size + t.nbytes > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(t)
-        size += t.nbytes
-    if len(shards) == 1:
-        _write_safetensors(out / "model.safetensors", shards[0], metadata)
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(out / file, shard, metadata)
-        weight_map.update((t.name, file) for t in shard)
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": dict(sorted(weight_map.items()))}
-    _write_json(out / "model.safetensors.index.json", index)
+    headers = [(t.name, t.dtype, list(t.shape)) for t in tensors]
+    _lily.write_safetensors(str(out), headers, metadata_format, shard_bytes, chunks)
 
 
 def _write_json(path: Path, value) -> None:
@@ -544,16 +438,15 @@ def write_checkpoint(
     top["text_config"] = text
 
     if layout == "hf":
-        tensors, metadata = _hf_tensors(text, seed, per_expert), {"format": "pt"}
+        tensors, metadata_format = _tensors(text, "hf_per_expert" if per_expert else "hf", seed), "pt"
         config_json = dict(sorted(top.items()))
     else:
         from lily.convert import mlx_config  # the config mlx_lm.convert would write for `top`
 
         if random_codes is None:
-            random_codes = sum(math.prod(p.shape) for p in _params(text)) > _RANDOM_CODES_ABOVE
-        tensors, quantization = _mlx_tensors(text, seed, random_codes)
-        metadata = {"format": "mlx"}
-        config_json = mlx_config({**top, "quantization": quantization}, generation_config)
+            random_codes = sum(math.prod(t["shape"]) for t in _table(text, "hf")) > _RANDOM_CODES_ABOVE
+        tensors, metadata_format = _tensors(text, "mlx", seed, random_codes), "mlx"
+        config_json = mlx_config(top, generation_config)
     if extra_tensors:
         tensors += _extra_tensors(text, seed, layout)
     tensors.sort(key=lambda t: t.name)
@@ -566,6 +459,6 @@ def write_checkpoint(
         path.unlink(missing_ok=True)
     if tokenizer:
         _write_tokenizer(out, generation_config)
-    _write_shards(out, tensors, shard_bytes or 5 << 30, metadata)
+    _write_tensors(out, tensors, shard_bytes or 5 << 30, metadata_format)
     _write_json(out / "config.json", config_json)
     return out

@@ -5,4 +5,5 @@ NB_MODULE(_lily, m) {
   lily::register_engine(m);
   lily::register_quant(m);
   lily::register_ops(m);
+  lily::register_checkpoint(m);
 }

@@ -1,6 +1,7 @@
 #include "json.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "error.h"
@@ -186,6 +187,30 @@ const Json* Json::find(std::string_view key) const {
   for (const auto& [k, v] : obj_)
     if (k == key) return &v;
   return nullptr;
+}
+
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (ch < 0x20) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04x", ch);
+          out += esc;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace lily

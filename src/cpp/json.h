@@ -1,5 +1,5 @@
-// A small, strict JSON reader for config.json and safetensors headers.
-// Every access is bounds-checked; errors carry the byte offset or the key path.
+// A small, strict JSON reader for config.json and safetensors headers, and the quoting their
+// writers use. Every access is bounds-checked; errors carry the byte offset or the key path.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -45,5 +45,8 @@ class Json {
   std::vector<Json> arr_;
   std::vector<std::pair<std::string, Json>> obj_;  // keeps file order
 };
+
+// s as a JSON string literal, escaped as Python's json module escapes ASCII text.
+std::string json_quote(const std::string& s);
 
 }  // namespace lily

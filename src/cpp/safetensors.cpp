@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -46,7 +47,7 @@ size_t dtype_size(DType t) {
   }
 }
 
-static bool parse_dtype(const std::string& s, DType& out) {
+bool parse_dtype(const std::string& s, DType& out) {
   static const std::pair<const char*, DType> table[] = {
       {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"F64", DType::F64},
       {"I64", DType::I64}, {"I32", DType::I32}, {"I16", DType::I16},   {"I8", DType::I8},
@@ -190,6 +191,100 @@ void Checkpoint::add_file(const std::string& path) {
     fail(path, ": corrupt safetensors header: the tensors cover ", std::to_string(covered), " of the ",
          std::to_string(data_size), " data bytes (wrong header length, or trailing bytes)");
   files_.push_back(std::move(file));
+}
+
+// ---- writing --------------------------------------------------------------------------
+
+size_t TensorHeader::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+namespace {
+
+// The header: tensors in order, data offsets packed, padded with spaces to 8 bytes so that the
+// data stays aligned.
+std::string header_json(const std::vector<const TensorHeader*>& tensors, const std::string& format) {
+  std::string header = "{\"__metadata__\":{\"format\":" + json_quote(format) + "}";
+  size_t offset = 0;
+  for (const TensorHeader* t : tensors) {
+    header += "," + json_quote(t->name) + ":{\"dtype\":\"" + dtype_name(t->dtype) + "\",\"shape\":[";
+    for (size_t i = 0; i < t->shape.size(); ++i) header += (i ? "," : "") + std::to_string(t->shape[i]);
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t->nbytes()) + "]}";
+    offset += t->nbytes();
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+void write_file(const std::string& path, const std::vector<const TensorHeader*>& tensors,
+                const std::vector<size_t>& indices, const std::string& format,
+                const std::function<void(size_t, const ByteSink&)>& fill) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f) fail(path, ": cannot open for writing");
+  const std::string header = header_json(tensors, format);
+  const uint64_t n = header.size();  // little-endian on every supported host
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    size_t written = 0;
+    fill(indices[k], [&](const void* data, size_t size) {
+      f.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+      written += size;
+    });
+    if (written != tensors[k]->nbytes())
+      fail(path, ": tensor '", tensors[k]->name, "' was given ", std::to_string(written),
+           " bytes; its dtype and shape take ", std::to_string(tensors[k]->nbytes()));
+  }
+  if (!f.flush()) fail(path, ": write failed (disk full?)");
+}
+
+// model.safetensors.index.json, laid out as Hugging Face writes it (json.dumps with indent 2).
+void write_index(const std::string& path, size_t total_size, std::vector<std::pair<std::string, std::string>> map) {
+  std::sort(map.begin(), map.end());
+  std::string text = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total_size) +
+                     "\n  },\n  \"weight_map\": {";
+  for (size_t i = 0; i < map.size(); ++i)
+    text += std::string(i ? "," : "") + "\n    " + json_quote(map[i].first) + ": " + json_quote(map[i].second);
+  text += "\n  }\n}\n";
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  if (!f.flush()) fail(path, ": write failed (disk full?)");
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& dir, const std::vector<TensorHeader>& tensors, const std::string& format,
+                       int64_t max_shard_bytes, const std::function<void(size_t, const ByteSink&)>& fill) {
+  // Shards in order: a new one whenever the next tensor would take this one past the limit.
+  std::vector<std::vector<size_t>> shards(1);
+  size_t shard_bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t n = tensors[i].nbytes();
+    if (!shards.back().empty() && static_cast<int64_t>(shard_bytes + n) > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += n;
+    total += n;
+  }
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+    std::vector<const TensorHeader*> in_file;
+    for (size_t i : shards[s]) {
+      in_file.push_back(&tensors[i]);
+      weight_map.emplace_back(tensors[i].name, file);
+    }
+    write_file((fs::path(dir) / file).string(), in_file, shards[s], format, fill);
+  }
+  if (shards.size() > 1) write_index((fs::path(dir) / "model.safetensors.index.json").string(), total, weight_map);
 }
 
 }  // namespace lily

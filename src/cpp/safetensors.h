@@ -1,7 +1,8 @@
-// Memory-mapped safetensors files and multi-file checkpoints.
+// Memory-mapped safetensors files and multi-file checkpoints, and the one writer of them.
 // The header parser checks every offset against the file size.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@ namespace lily {
 enum class DType { F32, F16, BF16, F64, I64, I32, I16, I8, U64, U32, U16, U8, BOOL };
 
 const char* dtype_name(DType t);
+bool parse_dtype(const std::string& name, DType& out);  // "BF16" -> DType::BF16; false if unknown
 size_t dtype_size(DType t);
 
 struct TensorView {
@@ -57,5 +59,24 @@ class Checkpoint {
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
 };
+
+// A tensor to write: its header entry (the bytes come from the caller while the file is written).
+struct TensorHeader {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  size_t nbytes() const;
+};
+
+// Takes the next bytes of the tensor being written.
+using ByteSink = std::function<void(const void* data, size_t size)>;
+
+// Writes `tensors`, in this order, into dir: model.safetensors, or, when they hold more than
+// max_shard_bytes, files model-0000i-of-0000n.safetensors of at most that much data each (a
+// tensor larger than that alone) with model.safetensors.index.json. fill(i, sink) gives sink
+// tensor i's bytes in pieces of any size, so a checkpoint may be produced while it is written;
+// too few or too many bytes is an error. `format` is the header's __metadata__ format ("mlx", "pt").
+void write_safetensors(const std::string& dir, const std::vector<TensorHeader>& tensors, const std::string& format,
+                       int64_t max_shard_bytes, const std::function<void(size_t index, const ByteSink& sink)>& fill);
 
 }  // namespace lily

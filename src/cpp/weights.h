@@ -1,10 +1,8 @@
 // The model's weights in lily's names, in the MLX affine format.
 //
-// This file (with weights.cpp) is the one place that knows checkpoint tensor names:
-// MLX 4-bit names (language_model.model.*, switch_mlp experts, norms with +1 baked in)
-// and Hugging Face names (model.language_model.* or model.*, fused 3-D or per-expert
-// experts, zero-centred norms). Float weights are quantized at load to the MLX format,
-// so every executor sees one representation.
+// Checkpoints in either layout lily reads (checkpoint_names.h: MLX 4-bit, or Hugging Face bf16
+// with fused or per-expert experts) load into this one representation: float weights are
+// quantized at load to the MLX format, so every executor sees the same.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -78,12 +76,6 @@ struct LayerWeights {
   MoeWeights moe;
 };
 
-struct LoadOptions {
-  // Checkpoints without a quantization block are quantized at load with these.
-  QuantSpec default_quant{64, 4};
-  QuantSpec gate_quant{64, 8};  // router and shared-expert gate
-};
-
 struct ModelWeights {
   ModelConfig config;
   std::string source_layout;  // "mlx", "hf", "random" or "random (conditioned)"
@@ -92,9 +84,10 @@ struct ModelWeights {
   Dense final_norm;           // [H], 1 + w
   std::vector<LayerWeights> layers;
 
-  // Loads config.json and the safetensors of `dir`; every tensor is checked and
-  // every unconsumed tensor is an error.
-  static std::shared_ptr<ModelWeights> load(const std::string& dir, const LoadOptions& opts = {});
+  // Loads config.json and the safetensors of `dir`; every tensor is checked and every
+  // unconsumed tensor is an error. Float weights are quantized in the spec config.json's
+  // quantization block gives, else 4-bit (8-bit router and shared-expert gate), group 64.
+  static std::shared_ptr<ModelWeights> load(const std::string& dir);
 
   // Random weights for a config (benchmarks at full size without a 19 GB file):
   // random 4-bit codes with bf16 scales and biases chosen so activations stay finite.

@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "bf16.h"
+#include "checkpoint_names.h"
 #include "error.h"
 #include "threadpool.h"
 #include "weights.h"
@@ -59,13 +60,14 @@ class RandomWeights {
 
   void build() {
     const ModelConfig& c = w_.config;
-    const int64_t H = c.hidden_size, V = c.vocab_size;
-    // A tied embedding doubles as lm_head, so it takes lm_head's spread.
-    w_.embed = linear("embed_tokens", 1, V, H, c.tie_word_embeddings ? 1 / std::sqrt(float(H)) : 1.0f);
-    w_.lm_head = c.tie_word_embeddings ? w_.embed : linear("lm_head", 1, V, H);
-    w_.final_norm = norm(H);
     w_.layers.resize(c.num_hidden_layers);
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) build_layer(i);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) w_.layers[i].kind = c.layer_kinds[i];
+    // Each weight draws its streams in table order, so the weights depend on the seed alone.
+    for (const WeightEntry& e : weight_table(c)) {
+      if (is_matrix(e.kind)) e.matrix(w_) = linear(e);
+      else e.dense(w_) = dense(e);
+    }
+    if (c.tie_word_embeddings) w_.lm_head = w_.embed;
   }
 
  private:
@@ -82,35 +84,35 @@ class RandomWeights {
     return reinterpret_cast<T*>(w_.owned.back().get());
   }
 
-  // The spec a checkpoint of this config would carry at `module` (the loader's rule):
-  // a quantization override for the module, else the config's default; without a
-  // quantization block, 8-bit for the router and shared-expert gate and 4-bit elsewhere.
-  QuantSpec spec_for(const std::string& module) const {
-    const ModelConfig& c = w_.config;
-    auto ends_with = [](const std::string& s, const std::string& tail) {
-      return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    for (const auto& [key, spec] : c.quant_overrides)
-      if (key == module || ends_with(key, "." + module)) return spec;
-    if (c.quantized) return c.quant;
-    const bool gate = ends_with(module, "mlp.gate") || ends_with(module, "shared_expert_gate");
-    return gate ? QuantSpec{64, 8} : QuantSpec{64, 4};
+  // The spread a matrix's weights get: 1/sqrt(fan_in), but for the embedding (a tied one is
+  // lm_head too, so it takes lm_head's), the router and, when conditioned, residual branches.
+  float spread(const WeightEntry& e) const {
+    const int64_t cols = e.shape.back().size;
+    const float plain = 1 / std::sqrt(static_cast<float>(cols));
+    switch (e.kind) {
+      case WeightKind::Embedding: return w_.config.tie_word_embeddings ? plain : 1.0f;
+      case WeightKind::Router: return (conditioned_ ? kRouterLogitRms : 1.0f) / std::sqrt(static_cast<float>(cols));
+      case WeightKind::ResidualOut:
+        return conditioned_ ? plain / std::sqrt(2.0f * static_cast<float>(w_.config.num_hidden_layers)) : plain;
+      default: return plain;
+    }
   }
 
-  // [experts, rows, cols] codes with scales and biases for weights of spread `target`
-  // (default 1/sqrt(cols)).
-  QWeight linear(const std::string& module, int64_t experts, int64_t rows, int64_t cols, float target = 0) {
-    const QuantSpec s = spec_for(module);
+  // [experts, rows, cols] codes with scales and biases in the spec a checkpoint of this config
+  // would carry (the table's), for weights of spread(e).
+  QWeight linear(const WeightEntry& e) {
+    const QuantSpec& s = e.quant;
+    const int64_t cols = e.shape.back().size;
     if (cols % s.group_size)
-      fail("random weights: '", module, "' input size ", std::to_string(cols), " is not a multiple of the group size ",
+      fail("random weights: '", e.name, "' input size ", std::to_string(cols), " is not a multiple of the group size ",
            std::to_string(s.group_size));
     QWeight q;
-    q.experts = experts;
-    q.rows = rows;
+    q.experts = e.is_stack() ? e.shape[0].size : 1;
+    q.rows = e.shape.end()[-2].size;
     q.cols = cols;
     q.bits = s.bits;
     q.group_size = s.group_size;
-    const int64_t words = experts * rows * q.words_per_row(), groups = experts * rows * q.groups_per_row();
+    const int64_t words = q.experts * q.rows * q.words_per_row(), groups = q.experts * q.rows * q.groups_per_row();
     uint32_t* codes = alloc<uint32_t>(words);
     uint16_t* scales = alloc<uint16_t>(groups);
     uint16_t* biases = alloc<uint16_t>(groups);
@@ -127,7 +129,7 @@ class RandomWeights {
 
     const float levels = static_cast<float>((1 << s.bits) - 1);
     const float code_spread = std::sqrt(levels * (levels + 2) / 12);  // sqrt((4^b - 1) / 12)
-    const float spread = target > 0 ? target : 1 / std::sqrt(static_cast<float>(cols));
+    const float spread = this->spread(e);
     const Stream group_stream = next_stream();
     parallel_for(groups, 4 * kStreamWork, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
@@ -162,61 +164,24 @@ class RandomWeights {
     return d;
   }
 
-  // RMSNorm multipliers (the +1 already applied, as MLX stores them): about 1.
-  Dense norm(int64_t n) { return uniform({n}, 0.9f, 1.1f); }
-
-  // Spread of a residual branch's output projection with fan-in `cols`.
-  float branch_out(int64_t cols) const {
-    const float plain = 1 / std::sqrt(static_cast<float>(cols));
-    return conditioned_ ? plain / std::sqrt(2.0f * static_cast<float>(w_.config.num_hidden_layers)) : plain;
-  }
-
-  void build_layer(int64_t i) {
-    const ModelConfig& c = w_.config;
-    const int64_t H = c.hidden_size;
-    const std::string p = "layers." + std::to_string(i) + ".";
-    LayerWeights& L = w_.layers[i];
-    L.kind = c.layer_kinds[i];
-    L.input_norm = norm(H);
-    L.post_norm = norm(H);
-    if (L.kind == LayerKind::Linear) {
-      const std::string a = p + "linear_attn.";
-      const int64_t conv = c.gdn_conv_dim(), Hv = c.linear_num_value_heads, vdim = c.gdn_value_dim();
-      const int64_t Kc = c.linear_conv_kernel_dim;
-      GdnWeights& g = L.gdn;
-      g.in_proj_qkv = linear(a + "in_proj_qkv", 1, conv, H);
-      g.in_proj_z = linear(a + "in_proj_z", 1, vdim, H);
-      g.in_proj_b = linear(a + "in_proj_b", 1, Hv, H);
-      g.in_proj_a = linear(a + "in_proj_a", 1, Hv, H);
-      g.out_proj = linear(a + "out_proj", 1, H, vdim, branch_out(vdim));
-      // Spread 1/sqrt(Kc) keeps the convolved q, k, v at the scale of their input.
-      const float tap = std::sqrt(3.0f / static_cast<float>(Kc));
-      g.conv1d = uniform({conv, Kc, 1}, -tap, tap);
-      g.dt_bias = uniform({Hv}, 0.9f, 1.1f);
-      g.A_log = uniform({Hv}, 1.0f, 16.0f, DType::F32);
-      for (float& v : g.A_log.values) v = std::log(v);  // decay rates A in [1, 16)
-      g.norm = uniform({c.linear_value_head_dim}, 1.0f, 1.0f);
-    } else {
-      const std::string a = p + "self_attn.";
-      AttnWeights& t = L.attn;
-      t.q_proj = linear(a + "q_proj", 1, 2 * c.attn_q_dim(), H);
-      t.k_proj = linear(a + "k_proj", 1, c.attn_kv_dim(), H);
-      t.v_proj = linear(a + "v_proj", 1, c.attn_kv_dim(), H);
-      t.o_proj = linear(a + "o_proj", 1, H, c.attn_q_dim(), branch_out(c.attn_q_dim()));
-      t.q_norm = norm(c.head_dim);
-      t.k_norm = norm(c.head_dim);
+  // A dense tensor of e's shape: norms about 1 (MLX's multipliers, the +1 already applied), a
+  // conv1d of tap spread 1/sqrt(Kc), which keeps the convolved q, k, v at the scale of their
+  // input, and decay rates A in [1, 16).
+  Dense dense(const WeightEntry& e) {
+    std::vector<int64_t> shape = sizes(e.shape);
+    switch (e.kind) {
+      case WeightKind::Norm: case WeightKind::DtBias: return uniform(shape, 0.9f, 1.1f);
+      case WeightKind::Gain: return uniform(shape, 1.0f, 1.0f);
+      case WeightKind::Conv: {
+        const float tap = std::sqrt(3.0f / static_cast<float>(w_.config.linear_conv_kernel_dim));
+        return uniform(shape, -tap, tap);
+      }
+      default: {  // A_log
+        Dense d = uniform(shape, 1.0f, 16.0f, e.dtype);
+        for (float& v : d.values) v = std::log(v);
+        return d;
+      }
     }
-    const std::string m = p + "mlp.";
-    const int64_t E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-    MoeWeights& moe = L.moe;
-    moe.router = linear(m + "gate", 1, E, H, (conditioned_ ? kRouterLogitRms : 1.0f) / std::sqrt(float(H)));
-    moe.shared_expert_gate = linear(m + "shared_expert_gate", 1, 1, H);
-    moe.shared_gate_proj = linear(m + "shared_expert.gate_proj", 1, Is, H);
-    moe.shared_up_proj = linear(m + "shared_expert.up_proj", 1, Is, H);
-    moe.shared_down_proj = linear(m + "shared_expert.down_proj", 1, H, Is, branch_out(Is));
-    moe.gate_proj = linear(m + "switch_mlp.gate_proj", E, I, H);
-    moe.up_proj = linear(m + "switch_mlp.up_proj", E, I, H);
-    moe.down_proj = linear(m + "switch_mlp.down_proj", E, H, I, branch_out(I));
   }
 };
 

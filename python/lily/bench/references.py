@@ -20,8 +20,6 @@ import numpy as np
 
 REFERENCES = ("mlx", "hf", "cpu")
 _MODULES = {"mlx": ("mlx", "mlx_lm"), "hf": ("torch", "transformers"), "cpu": ()}  # what each one imports
-# Norms MLX stores with the +1 of the zero-centred RMSNorm applied (linear_attn.norm is plain).
-_SHIFTED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
 
 
 def _mlx_config(directory: Path) -> dict:
@@ -62,13 +60,6 @@ def mlx_logits(directory: Path, token_ids: np.ndarray) -> np.ndarray:
     return mlx_lm_logits(load_mlx_lm_fp32(directory), token_ids)
 
 
-def _quant_spec(quantization: dict, module: str) -> tuple[int, int]:
-    """(group_size, bits) of a module: its override, else the default."""
-    spec = quantization.get(module)
-    spec = spec if isinstance(spec, dict) else {}
-    return int(spec.get("group_size", quantization["group_size"])), int(spec.get("bits", quantization["bits"]))
-
-
 def dequantize_fp32(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, group_size: int,
                     bits: int) -> np.ndarray:
     """scale * q + bias per group in float32, not rounded to bf16: the weights an fp32
@@ -81,48 +72,41 @@ def dequantize_fp32(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, g
     return w.reshape(*codes.shape[:-1], -1)
 
 
-def _hf_name(mlx_name: str) -> str:
-    for mlx_prefix, hf_prefix in (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head.")):
-        if mlx_name.startswith(mlx_prefix):
-            return hf_prefix + mlx_name[len(mlx_prefix):]
-    raise ValueError(f"unexpected tensor '{mlx_name}' in an MLX checkpoint")
-
-
 def dequantized_state_dict(directory: Path) -> dict:
-    """float32 torch tensors named and shaped as transformers' Qwen3_5MoeForCausalLM wants them."""
+    """float32 torch tensors named and shaped as transformers' Qwen3_5MoeForCausalLM wants them
+    (without lm_head.weight when the embeddings are tied). lily's checkpoint table says where
+    each MLX tensor goes: its rows of the HF tensor that holds it, norms less their +1."""
     import torch
     from safetensors import safe_open
 
-    config = _mlx_config(directory)
-    quantization = config.get("quantization") or config["quantization_config"]
+    from .. import _lily
+
+    config = json.dumps(_mlx_config(directory))
+    mlx = _lily.checkpoint_tensors(config, "mlx")
+    wanted = {t["name"] for t in mlx}
     stored = {}
     for f in sorted(directory.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
-            stored.update({k: st.get_tensor(k) for k in st.keys() if not k.startswith(("vision_tower.", "mtp."))})
-    sd = {}
-    for name, t in stored.items():
-        if name.endswith((".scales", ".biases")):
-            continue
-        module = name.removesuffix(".weight")
-        if module + ".scales" in stored:
-            group_size, bits = _quant_spec(quantization, module)
-            value = torch.from_numpy(dequantize_fp32(t.numpy(), stored[module + ".scales"].float().numpy(),
-                                                     stored[module + ".biases"].float().numpy(), group_size, bits))
+            stored.update({k: st.get_tensor(k) for k in st.keys() if k in wanted})
+    parts = {(t["module"], t["part"]): stored[t["name"]].float().numpy() for t in mlx if t["part"] != "float"}
+    hf = {t["source"]: t for t in _lily.checkpoint_tensors(config, "hf_text")}
+    sd = {t["name"]: torch.empty(t["shape"], dtype=torch.float32) for t in hf.values()}
+    for t in mlx:
+        if t["part"] == "float":
+            value = stored[t["name"]].float()
+        elif t["part"] == "codes":
+            m = t["module"]
+            value = torch.from_numpy(dequantize_fp32(stored[t["name"]].numpy(), parts[m, "scales"], parts[m, "biases"],
+                                                     t["group_size"], t["bits"]))
         else:
-            value = t.float()
-        hf = _hf_name(name)
-        if hf.endswith(_SHIFTED_NORMS) or hf == "model.norm.weight":
+            continue
+        if t["plus_one"]:
             value = value - 1  # exact: the stored bf16 value minus 1 in float32
-        if hf.endswith("linear_attn.conv1d.weight"):
-            value = value.transpose(1, 2)  # MLX [C, K, 1] -> torch [C, 1, K]
-        sd[hf] = value.contiguous()
-    for gate in [k for k in sd if k.endswith("mlp.switch_mlp.gate_proj.weight")]:
-        prefix = gate.removesuffix("switch_mlp.gate_proj.weight")
-        up = sd.pop(prefix + "switch_mlp.up_proj.weight")
-        sd[prefix + "experts.gate_up_proj"] = torch.cat([sd.pop(gate), up], dim=-2)
-        sd[prefix + "experts.down_proj"] = sd.pop(prefix + "switch_mlp.down_proj.weight")
-    if "lm_head.weight" not in sd:  # tied embeddings
-        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        target = sd[hf[t["source"]]["name"]]
+        if t["rows"]:  # an expert stack's rows of each expert's block (gate or up of gate_up_proj)
+            target[:, slice(*t["rows"])] = value
+        else:  # conv1d's MLX [C, K, 1] is HF's [C, 1, K] in the same memory order
+            target.copy_(value.reshape(target.shape))
     return sd
 
 
@@ -141,8 +125,12 @@ def hf_model_fp32(directory: Path):
     cfg = Qwen3_5MoeTextConfig(**text)
     cfg._attn_implementation = "eager"
     model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
-    model.load_state_dict(dequantized_state_dict(directory), strict=True)
-    return model
+    loaded = model.load_state_dict(dequantized_state_dict(directory), strict=False)
+    params = model.state_dict()
+    shared = {params[k].data_ptr() for k in params if k not in loaded.missing_keys}
+    if loaded.unexpected_keys or any(params[k].data_ptr() not in shared for k in loaded.missing_keys):
+        raise ValueError(f"{directory}: the dequantized weights do not fit transformers' model ({loaded})")
+    return model  # a tied lm_head is the embedding's parameter, so it was loaded with it
 
 
 def hf_model_logits(model, token_ids) -> np.ndarray:

@@ -10,9 +10,11 @@ vectors (norms, biases, gates' dt/A) are under 0.01% of the bytes and left out.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-GATE_MODULES = ("mlp.gate", "shared_expert_gate")  # MLX keeps these at 8 bits
+from .. import _lily
+
 BF16, FP32 = 2, 4
 
 
@@ -130,16 +132,12 @@ class Dims:
 
 
 def _quant_specs(config: dict) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(bits, group) of ordinary matrices and of the gates, as lily will hold them: the
-    checkpoint's quantization block, or lily's load-time default (4-bit, 8-bit gates)."""
-    q = config.get("quantization") or config.get("quantization_config")
-    if not q:
-        return (4, 64), (8, 64)
-    default = (int(q.get("bits", 4)), int(q.get("group_size", 64)))
-    for key, value in q.items():
-        if isinstance(value, dict) and key.endswith(GATE_MODULES):
-            return default, (int(value.get("bits", default[0])), int(value.get("group_size", default[1])))
-    return default, default
+    """(bits, group) of ordinary matrices and of the gates, as lily will hold them (its checkpoint
+    table): the checkpoint's quantization block, or lily's load-time default (4-bit, 8-bit gates)."""
+    text = json.dumps(config)
+    block = _lily.mlx_quantization(text)
+    router = next(t for t in _lily.checkpoint_tensors(text, "mlx") if t["kind"] == "router" and t["part"] == "codes")
+    return (block["bits"], block["group_size"]), (router["bits"], router["group_size"])
 
 
 @dataclass(frozen=True)
