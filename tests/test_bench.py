@@ -93,6 +93,17 @@ def test_bench_in_a_checkout_writes_a_new_directory_and_leaves_committed_results
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-out", "docs"]
 
 
+def test_results_name_paths_inside_their_directory_relatively(tmp_path, monkeypatch):
+    out = tmp_path / "bench"
+    argv = ["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16", "--decode-steps", "2",
+            f"--out={out}"]
+    monkeypatch.setattr("sys.argv", [str(tmp_path / "venv" / "bin" / "lily"), *argv])
+    assert main(argv) == 0
+    r = json.loads((out / "results.json").read_text())
+    assert r["command"] == ["lily", *argv[:-1], "--out=."]
+    assert r["target"]["config"] == "config-tiny.json" and (out / "config-tiny.json").exists()
+
+
 def test_an_out_that_holds_files_is_written_only_when_asked(tmp_path, capsys):
     committed = _committed_results(tmp_path)
     latest = tmp_path / "docs" / "benchmarks" / "latest"

@@ -666,6 +666,26 @@ def test_disconnect_cancels_streaming_and_non_streaming(client, http, long_messa
     assert chat(client, "Hi", max_tokens=2).usage.completion_tokens <= 2  # still serving
 
 
+def test_a_cancelled_job_stops_its_reply_before_and_while_it_generates(tiny_model):
+    from lily.server.worker import Job
+
+    options = {"max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+    early = Job([1, 2, 3], options)
+    early.cancel()  # before its reply exists: the reply starts cancelled
+    session = tiny_model.new_session(512)
+    session.prefill([1, 2, 3])
+    reply = early.start_reply(session, lambda text: None, {})
+    assert reply.generate().finish_reason == "cancelled"
+
+    job = Job([1, 2, 3], options)
+    session = tiny_model.new_session(512)
+    session.prefill([1, 2, 3])
+    reply = job.start_reply(session, lambda text: job.cancel(), {})
+    first = reply.generate()  # cancelled by its first piece of text
+    assert first.finish_reason == "cancelled" and len(first.token_ids) < 200
+    assert reply.generate().finish_reason == "cancelled"  # and so is every later call
+
+
 def sse_events(lines) -> list:
     """The JSON payloads of server-sent-event lines, then "[DONE]"."""
     data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]

@@ -1,4 +1,4 @@
-"""Plain numpy references of lily's ops (docs: /work/shared/docs/MODEL.md §3.3, §4, §5).
+"""Plain numpy references of lily's ops (docs/MODEL.md §3.3, §4, §5).
 
 Each function states the maths in the most direct way: whole-array operations, loops only
 where the maths is sequential. Arithmetic is float64 (returned as float32), so a kernel's

@@ -19,7 +19,7 @@ from . import contract, plot, report, system
 from .arm import EXIT_REFUSED
 from .contract import MARKER
 from .roofline import Ceilings, Dims
-from .target import Target, prepare
+from .target import Target, prepare, within
 
 PHASES = ("prefill", "decode", "both")
 
@@ -258,8 +258,8 @@ def run(plan: Plan) -> int:
         "schema": "lily-bench/1",
         "status": "running",
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "target": target.describe(),
+        "command": _command(sys.argv[1:], plan.out),
+        "target": target.describe(plan.out),
         "device": device,
         "gpu": system.gpu(gpu_index) if device != "cpu" else None,
         "host": system.host(),
@@ -306,6 +306,17 @@ def run(plan: Plan) -> int:
     for e in errors:
         print(f"lily bench: error: {e}", file=sys.stderr)
     return 0 if results["status"] == "complete" else 1
+
+
+def _command(args: list[str], out: Path) -> list[str]:
+    """The command line as `lily ...`, absolute paths into the results directory made
+    relative to it: the record stays true when the directory is moved or committed."""
+
+    def portable(arg: str) -> str:
+        option, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        return option + eq + (within(value, out) if os.path.isabs(value) else value)
+
+    return ["lily", *map(portable, args)]
 
 
 def _write(plan: Plan, results: dict) -> None:

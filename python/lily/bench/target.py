@@ -50,11 +50,20 @@ class Target:
             return cls(Path(model) / "config.json", Path(model), label)
         return cls(Path(config), None, label)
 
-    def describe(self) -> dict:
+    def describe(self, results_dir: Path) -> dict:
         if self.checkpoint is None:
-            return {"label": self.label, "weights": "random", "config": str(self.config_path),
+            return {"label": self.label, "weights": "random", "config": within(self.config_path, results_dir),
                     "note": RANDOM_WEIGHTS_NOTE}
-        return {"label": self.label, "weights": "checkpoint", "path": str(self.checkpoint)}
+        return {"label": self.label, "weights": "checkpoint", "path": within(self.checkpoint, results_dir)}
+
+
+def within(path: str | Path, results_dir: Path) -> str:
+    """`path` relative to the results directory when it lies there ("." for the directory
+    itself), else as given: results stay true when their directory is moved or committed."""
+    resolved, base = Path(path).resolve(), results_dir.resolve()
+    if resolved == base or base in resolved.parents:
+        return resolved.relative_to(base).as_posix()
+    return str(path)
 
 
 def prepare(synthetic_size: str | None, model: str | None, work_dir: Path) -> Target:

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import params
 from .._lily import LilyError
+from .._version import __version__
 from . import errors
 from .errors import APIError, bad_request
 from .prompts import Defaults, chat_plan, completion_plan
@@ -60,7 +61,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         await run_in_threadpool(worker.close)
 
     app = FastAPI(title="lily", summary="OpenAI-compatible API for one local Qwen3.5/3.6 model",
-                  version=__import__("lily").__version__, lifespan=lifespan)
+                  version=__version__, lifespan=lifespan)
     app.state.worker = worker
     errors.install(app, worker.count_failure)
     auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []

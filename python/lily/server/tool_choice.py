@@ -12,14 +12,11 @@ and the usage count them alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..tool_calls import CALL_CLOSE, CALL_OPEN, THINK_CLOSE
 from .errors import bad_request
 from .protocol import ChatCompletionRequest
-
-if TYPE_CHECKING:
-    from .worker import ReplyWriter
+from .reply import ReplyWriter
 
 _FUNCTION_OPEN = "\n<function="
 

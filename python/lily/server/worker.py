@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator
 
 from .._lily import LilyError
-from ..model import GenerationResult
 from ..prefix_cache import PrefixCache
 from .errors import APIError, log
+from .reply import ReplyWriter
 from .tool_choice import ForcedCall, write_forced_call
 
 
@@ -29,14 +29,22 @@ class Job:
     checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
     cancelled: bool = False
-    _run: object = None
+    _reply: ReplyWriter | None = field(default=None, init=False, repr=False)
 
     def cancel(self) -> None:
         """Safe from any thread and from a signal handler (it takes no Python lock)."""
         self.cancelled = True
-        run = self._run
-        if run is not None:
-            run.cancel()
+        reply = self._reply
+        if reply is not None:
+            reply.cancel()
+
+    def start_reply(self, session, emit, eos_text: dict[int, str]) -> ReplyWriter:
+        """The job's reply on `session`, which cancelling the job stops from now on."""
+        reply = ReplyWriter(session, self.options, emit, eos_text)
+        self._reply = reply
+        if self.cancelled:  # cancel() ran before the reply was visible to it
+            reply.cancel()
+        return reply
 
 
 @dataclass
@@ -150,7 +158,7 @@ class Worker:
             if job.cancelled:
                 self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
                 return
-            reply = ReplyWriter(self.session, job, emit, self._eos_text)
+            reply = job.start_reply(self.session, emit, self._eos_text)
             if job.forced is None:
                 finish_reason = reply.generate().finish_reason
             else:
@@ -204,61 +212,6 @@ class Worker:
     def close(self) -> None:
         self.shut_down()
         self._thread.shutdown(wait=True)
-
-
-class ReplyWriter:
-    """One reply on the working session, written by generate calls and forced tokens alike:
-    streams its text, spends one max_tokens budget on both, and times them."""
-
-    def __init__(self, session, job: Job, emit, eos_text: dict[int, str]):
-        self.session = session
-        self.job = job
-        self._emit = emit
-        self._eos_text = eos_text
-        self.tokens = 0  # generated and forced
-        self.prefill_seconds = 0.0  # the wait for the first token, when the reply starts by generating
-        self.decode_seconds = 0.0
-
-    @property
-    def tokens_left(self) -> int:
-        return self.job.options["max_tokens"] - self.tokens
-
-    def generate(self, **options) -> GenerationResult:
-        """Generates on from the session: the job's options, overridden by `options`."""
-        run = self.session.generate(None, stream=True, **{**self.job.options, **options,
-                                                           "max_tokens": self.tokens_left})
-        self.job._run = run
-        if self.job.cancelled:
-            run.cancel()
-        for piece in run:
-            text = piece.text
-            if piece.token_ids and piece.token_ids[-1] in self._eos_text:
-                text = text.removesuffix(self._eos_text[piece.token_ids[-1]])
-            self.emit(text)
-        result = run.result
-        if self.tokens == 0:
-            self.prefill_seconds += result.prefill_seconds
-        else:
-            self.decode_seconds += result.prefill_seconds
-        self.decode_seconds += result.decode_seconds
-        self.tokens += len(result.token_ids)
-        return result
-
-    def feed(self, ids):
-        """Appends tokens to the reply as if generated (their text is emitted separately);
-        returns the logits after the last one."""
-        t0 = time.perf_counter()
-        logits = self.session.prefill(ids)
-        self.decode_seconds += time.perf_counter() - t0
-        self.tokens += len(ids)
-        return logits
-
-    def emit(self, text: str) -> None:
-        if text:
-            self._emit(text)
-
-    def encode(self, text: str) -> list[int]:
-        return self.session.model.encode(text)
 
 
 def _shutting_down(detail: str = "") -> APIError:
