@@ -35,7 +35,7 @@ OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 STEPS=",${LILY_GPU_STEPS:-kernels,pytest,consistency,decode,ops,bench},"
-LILY_GPU_SUITES=${LILY_GPU_SUITES:-gemv_moe,sequence,head,qgemm,moe_prefill,gdn_prefill,attention_prefill,wgmma,rows}
+LILY_GPU_SUITES=${LILY_GPU_SUITES:-qmatmul_moe_decode,sequence,head,qmatmul_prefill,moe_prefill,gated_delta_prefill,attention_prefill,wgmma,rows}
 want() { [[ $STEPS == *",$1,"* ]]; }
 JOBS=$(nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS LILY_CUDA=ON PYTHONUNBUFFERED=1
@@ -59,10 +59,10 @@ export PYTHONPATH=/tmp/lily
 [ "$kt_build_rc" = 0 ] || grep -m 20 error "$OUT/build_kernel_tests.log"
 
 # switch -> kernel suites that must pass for it to compete
-declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qgemm [LILY_PREFILL_GDN=scan]=gdn_prefill
+declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qmatmul_prefill [LILY_PREFILL_GDN=scan]=gated_delta_prefill
                      [LILY_CUDA_ATTN_TC=0]=sequence
-                     [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qgemm
-                     [LILY_PREFILL_GEMM=wgmma]="wgmma qgemm")
+                     [LILY_PREFILL_ATTN=mma]=attention_prefill [LILY_PREFILL_GEMM=bf16w]=qmatmul_prefill
+                     [LILY_PREFILL_GEMM=wgmma]="wgmma qmatmul_prefill")
 declare -A RC
 suites_pass() {  # switches... : every kernel suite of each switch passed (always true when the kernels step is not run)
   local v suite

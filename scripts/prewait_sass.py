@@ -4,8 +4,8 @@
 ptxas may schedule griddepcontrol.wait (SASS ACQBULK) above loads written before it
 (docs/cuda.md), so a kernel's early loads are only early if its SASS says so:
 
-    nvcc ... -cubin src/cuda/gemv.cu -o gemv.cubin
-    python3 scripts/prewait_sass.py gemv.cubin [REGEX on the kernel name]
+    nvcc ... -cubin src/cuda/qmatmul/qmatmul_decode.cu -o qmatmul_decode.cubin
+    python3 scripts/prewait_sass.py qmatmul_decode.cubin [REGEX on the kernel name]
 
 prints, per kernel, how many LDGs come before the first ACQBULK (how many of them
 non-coherent, .CONSTANT) and the first few after it, and flags a kernel whose trigger

@@ -80,7 +80,7 @@ def test_timeline_costs_per_kernel(tmp_path, early_wait_ns):
     assert got["kernels_per_step"] == len(step)
     assert abs(got["step_us"] - sum(us for _, us in step)) < 1e-6
     rows = {r["kernel"]: r for r in got["rows"]}
-    assert np.isclose(rows["gdn_decode"]["median_us"], 2.0) and rows["gdn_decode"]["per_step"] == 30
+    assert np.isclose(rows["gated_delta_decode"]["median_us"], 2.0) and rows["gated_delta_decode"]["per_step"] == 30
     assert np.isclose(rows["attention"]["median_us"], 7.0) and rows["attention"]["per_step"] == 10
     assert np.isclose(rows["router"]["step_us"], 40 * 4.0)
     assert np.isclose(rows["head 0"]["median_us"], 100.0)
@@ -100,7 +100,7 @@ def test_timeline_positions_with_marks(tmp_path):
     assert (lead, waited) == ("-100.00", "0.00")  # the step's first kernel starts after the head
     assert (m0, m1, done, tail, adds) == ("0.50", "1.00", "0.30", "0.70", "1.00")
     name, _, lead, waited, m0, m1, done, tail, adds = table[1][1:]
-    assert name == "gdn_decode" and (lead, waited) == ("2.00", "3.00")  # started 3 µs before its release
+    assert name == "gated_delta_decode" and (lead, waited) == ("2.00", "3.00")  # started 3 µs before its release
     assert (m0, m1, done, tail, adds) == ("", "", "1.30", "0.70", "2.00")  # marks only its end
     assert table[250][1] == "head 0" and table[250][-1] == "100.00"
 
@@ -110,8 +110,8 @@ def test_timeline_block_stamps(tmp_path):
     _, out = run_script(tmp_path / "tl.txt", "--positions", "2", "--blocks", str(tmp_path / "blocks.bin"))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()]
     rows = {int(r[0]): r for r in rows if len(r) == 9 and r[0].isdigit()}
-    # gdn_decode: 128 blocks, started 3 µs before block 0's release, the last 254 ns later.
-    assert rows[1][1:] == ["gdn_decode", "128", "-3.00", "-2.75", "0.25", "1.05", "1.30", "0.70"]
+    # gated_delta_decode: 128 blocks, started 3 µs before block 0's release, the last 254 ns later.
+    assert rows[1][1:] == ["gated_delta_decode", "128", "-3.00", "-2.75", "0.25", "1.05", "1.30", "0.70"]
     assert rows[250][1:3] == ["head 0", "1024"]
 
 

@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "bench.h"
-#include "cuda_check.h"
-#include "device_common.cuh"
-#include "qmma_pack.h"
+#include "common/cuda_check.h"
+#include "common/device_common.cuh"
+#include "qmatmul/qmatmul_tiles.h"
 
 namespace lily::bench {
 namespace {

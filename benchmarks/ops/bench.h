@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel_types.h"
+#include "common/kernel_types.h"
 
 namespace lily::bench {
 
@@ -53,7 +53,7 @@ class Arena {
 };
 
 struct Op {
-  std::string name;   // kernel and call pattern, e.g. "gemv gdn in_proj +rmsnorm"
+  std::string name;   // kernel and call pattern, e.g. "qmatmul_decode gdn in_proj +rmsnorm"
   std::string shape;  // e.g. "12352x2048"
   double bytes = 0;   // each input read once + each output written once (scratch not counted)
   double flops = 0;

@@ -1,14 +1,15 @@
 // Decode ops (one token) at Qwen3.6-35B-A3B shapes, called as the executor calls them
-// (src/cuda/decode_step.cpp): weights in the tiled 4-bit layout where the executor uses
+// (src/cuda/step/decode_step.cpp): weights in the tiled 4-bit layout where the executor uses
 // it, the 8-bit router and the embedding in the MLX row layout.
-#include "attention_decode.h"
+#include "attention/attention_decode.h"
+#include "attention/attention_decode_tc.h"
 #include "bench.h"
-#include "gdn_decode.h"
-#include "gemv.h"
-#include "lm_head.h"
-#include "moe_experts.h"
-#include "moe_router.h"
-#include "sampler.h"
+#include "gated_delta/gated_delta_decode.h"
+#include "qmatmul/qmatmul_decode.h"
+#include "head/lm_head.h"
+#include "moe/moe_experts_decode.h"
+#include "moe/moe_router_decode.h"
+#include "head/sampler.h"
 #include "shapes.h"
 
 namespace lily::bench {
@@ -46,7 +47,7 @@ const float* routed_weights(Arena& A) {
 }
 
 // x (and norm weight) read + W read + y written (read too when added).
-void add_gemv(std::vector<Op>& ops, const std::string& name, int rows, int cols, XMode mode, YMode ymode, bool tiled) {
+void add_qmatmul_decode(std::vector<Op>& ops, const std::string& name, int rows, int cols, XMode mode, YMode ymode, bool tiled) {
   double bytes = qbytes(rows, cols, 4) + cols * 4.0 + rows * 4.0 * (ymode == YMode::Add ? 2 : 1);
   if (mode == XMode::RmsNorm) bytes += cols * 4.0;
   ops.push_back({name, dims(rows, cols), bytes, 2.0 * rows * cols, [=](Arena& A) -> Launch {
@@ -57,7 +58,7 @@ void add_gemv(std::vector<Op>& ops, const std::string& name, int rows, int cols,
                    if (mode == XMode::RmsNorm) X.w = A.near_one(cols);
                    const QMat W = A.qmat(rows, cols, 4, tiled);
                    const YSpec Y{ymode, A.normal(rows)};
-                   return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };
+                   return [=](cudaStream_t s) { qmatmul_decode(W, X, Y, nullptr, s); };
                  }});
 }
 
@@ -88,9 +89,9 @@ void add_attention(std::vector<Op>& ops, int ctx, bool tensor_cores) {
 }  // namespace
 
 void add_decode_ops(std::vector<Op>& ops) {
-  add_gemv(ops, "gemv gdn in_proj +rmsnorm", kGdnRows, kH, XMode::RmsNorm, YMode::Store, true);
-  add_gemv(ops, "gemv gdn in_proj +rmsnorm (fp32 dot, MLX layout)", kGdnRows, kH, XMode::RmsNorm, YMode::Store, false);
-  ops.push_back({"gemv gdn in_proj +embed +rmsnorm (layer 0)", dims(kGdnRows, kH),
+  add_qmatmul_decode(ops, "qmatmul_decode gdn in_proj +rmsnorm", kGdnRows, kH, XMode::RmsNorm, YMode::Store, true);
+  add_qmatmul_decode(ops, "qmatmul_decode gdn in_proj +rmsnorm (fp32 dot, MLX layout)", kGdnRows, kH, XMode::RmsNorm, YMode::Store, false);
+  ops.push_back({"qmatmul_decode gdn in_proj +embed +rmsnorm (layer 0)", dims(kGdnRows, kH),
                  qbytes(kGdnRows, kH, 4) + qbytes(1, kH, 4) + 2 * kH * 4.0 + kGdnRows * 4.0, 2.0 * kGdnRows * kH,
                  [](Arena& A) -> Launch {
                    XSpec X;
@@ -102,15 +103,15 @@ void add_decode_ops(std::vector<Op>& ops) {
                    X.eps = kEps;
                    const QMat W = A.qmat(kGdnRows, kH, 4, true);
                    const YSpec Y{YMode::Store, A.normal(kGdnRows)};
-                   return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };
+                   return [=](cudaStream_t s) { qmatmul_decode(W, X, Y, nullptr, s); };
                  }});
-  add_gemv(ops, "gemv attn qkv +rmsnorm", kAttnRows, kH, XMode::RmsNorm, YMode::Store, true);
-  add_gemv(ops, "gemv gdn out_proj +res", kH, kHv * kDh, XMode::Plain, YMode::Add, true);
-  add_gemv(ops, "gemv attn o_proj +res", kH, kHq * kD, XMode::Plain, YMode::Add, true);
+  add_qmatmul_decode(ops, "qmatmul_decode attn qkv +rmsnorm", kAttnRows, kH, XMode::RmsNorm, YMode::Store, true);
+  add_qmatmul_decode(ops, "qmatmul_decode gdn out_proj +res", kH, kHv * kDh, XMode::Plain, YMode::Add, true);
+  add_qmatmul_decode(ops, "qmatmul_decode attn o_proj +res", kH, kHq * kD, XMode::Plain, YMode::Add, true);
 
   // GDN: state read + written, q|k|v|z|b|a read, conv and norm weights, ring (3 rows read, 1 written), out written.
   const double gdn_state = 4.0 * kHv * kDh * kDh;
-  ops.push_back({"gdn_decode", "32 heads x 128x128",
+  ops.push_back({"gated_delta_decode", "32 heads x 128x128",
                  2 * gdn_state + (kConv + 2 * kHv) * 4.0 + kConv * 16.0 + 4 * kConv * 4.0 + 2 * kHv * kDh * 4.0 +
                      2 * kHv * 4.0 + kDh * 4.0,
                  7.0 * kHv * kDh * kDh,  // decay, S^T k, rank-1 update, S^T q
@@ -127,7 +128,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                    a.out = A.normal(kHv * kDh);
                    a.pos = A.upload(std::vector<int>{4095});
                    a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
-                   return [=](cudaStream_t s) { gdn_decode(a, nullptr, s); };
+                   return [=](cudaStream_t s) { gated_delta_decode(a, nullptr, s); };
                  }});
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, false);
   for (int ctx : {1024, 4096, 32768, 131072}) add_attention(ops, ctx, true);
@@ -137,22 +138,22 @@ void add_decode_ops(std::vector<Op>& ops) {
   const double gate_up_w = kTopK * qbytes(2 * kI, kH, 4) + qbytes(2 * kIs, kH, 4);
   const double down_w = kTopK * qbytes(kH, kI, 4) + qbytes(kH, kIs, 4);
   const double act_bytes = (kTopK * kI + kIs) * 4.0;
-  ops.push_back({"moe_router 8-bit +rmsnorm +top-8", dims(kE + 1, kH), router_bytes, 2.0 * (kE + 1) * kH,
+  ops.push_back({"moe_router_decode 8-bit +rmsnorm +top-8", dims(kE + 1, kH), router_bytes, 2.0 * (kE + 1) * kH,
                  [](Arena& A) -> Launch {
                    const QMat R = A.qmat(kE + 1, kH, 8, false);
                    const XSpec X = rmsnorm_of(A, A.normal(kH));
                    const RouterOut out{nullptr, A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};
-                   return [=](cudaStream_t s) { moe_router(R, X, kE, kTopK, true, out, nullptr, s); };
+                   return [=](cudaStream_t s) { moe_router_decode(R, X, kE, kTopK, true, out, nullptr, s); };
                  }});
-  ops.push_back({"moe_gate_up 8 experts + shared +rmsnorm", "9x" + dims(2 * kI, kH), gate_up_w + 2 * kH * 4.0 + act_bytes,
+  ops.push_back({"moe_gate_up_decode 8 experts + shared +rmsnorm", "9x" + dims(2 * kI, kH), gate_up_w + 2 * kH * 4.0 + act_bytes,
                  2.0 * (kTopK * 2 * kI + 2 * kIs) * kH, [](Arena& A) -> Launch {
                    const MoeExperts m = experts(A);
                    const XSpec X = rmsnorm_of(A, A.normal(kH));
                    const int* ids = routed_ids(A);
                    float* act = A.normal(kTopK * kI + kIs);
-                   return [=](cudaStream_t s) { moe_gate_up(m, X, ids, kTopK, act, nullptr, s); };
+                   return [=](cudaStream_t s) { moe_gate_up_decode(m, X, ids, kTopK, act, nullptr, s); };
                  }});
-  ops.push_back({"moe_down 8 experts + shared +res", "9x" + dims(kH, kI), down_w + act_bytes + 2 * kH * 4.0,
+  ops.push_back({"moe_down_decode 8 experts + shared +res", "9x" + dims(kH, kI), down_w + act_bytes + 2 * kH * 4.0,
                  2.0 * (kTopK * kI + kIs) * kH, [](Arena& A) -> Launch {
                    const MoeExperts m = experts(A);
                    const float* act = A.normal(kTopK * kI + kIs);
@@ -160,7 +161,7 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const float* w = routed_weights(A);
                    const float* shared_gate = A.upload(std::vector<float>{0.4f});
                    float* h = A.normal(kH);
-                   return [=](cudaStream_t s) { moe_down(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s); };
+                   return [=](cudaStream_t s) { moe_down_decode(m, act, ids, w, shared_gate, kTopK, h, nullptr, nullptr, s); };
                  }});
   ops.push_back({"moe block: router, gate_up, down (3 launches)", "E 256, top-8, I 512",
                  qbytes(kE + 1, kH, 8) + gate_up_w + down_w + 3 * kH * 4.0,
@@ -172,9 +173,9 @@ void add_decode_ops(std::vector<Op>& ops) {
                    const RouterOut out{nullptr, A.zeros<int>(kTopK), A.normal(kTopK), A.normal(1)};  // as decode runs it
                    float* act = A.normal(kTopK * kI + kIs);
                    return [=](cudaStream_t s) {
-                     moe_router(R, X, kE, kTopK, true, out, nullptr, s);
-                     moe_gate_up(m, X, out.ids, kTopK, act, nullptr, s);
-                     moe_down(m, act, out.ids, out.weights, out.shared_gate, kTopK, h, nullptr, nullptr, s);
+                     moe_router_decode(R, X, kE, kTopK, true, out, nullptr, s);
+                     moe_gate_up_decode(m, X, out.ids, kTopK, act, nullptr, s);
+                     moe_down_decode(m, act, out.ids, out.weights, out.shared_gate, kTopK, h, nullptr, nullptr, s);
                    };
                  }});
   // Output head: logits + greedy argmax in one launch; or logits, then top-k/top-p sampling.

@@ -1,4 +1,4 @@
-"""What each kernel of a real decode step costs, from a timeline build (src/cuda/decode_ctl.h).
+"""What each kernel of a real decode step costs, from a timeline build (src/cuda/common/decode_ctl.h).
 
     pip install --no-build-isolation --no-deps --config-settings=cmake.define.LILY_CUDA_TIMELINE=ON --target DIR .
     LILY_CUDA_TIMELINE_OUT=tl.txt PYTHONPATH=DIR python benchmarks/ops/cuda_decode.py --contexts 4096
@@ -25,7 +25,7 @@ import numpy as np
 
 from lily import synthetic
 
-GDN_LAYER = ["in-proj (GDN)", "gdn_decode", "out-proj (GDN)", "router", "gate/up", "down"]
+GDN_LAYER = ["in-proj (GDN)", "gated_delta_decode", "out-proj (GDN)", "router", "gate/up", "down"]
 ATTN_LAYER = ["in-proj (attn)", "attention", "attention merge", "out-proj (attn)", "router", "gate/up", "down"]
 
 

@@ -1,7 +1,7 @@
 // The separate dequantisation pass of the prefill GEMM ablation: a tiled 4-bit group-64
-// matrix (QMat::tiled, qmma.cuh) expanded to a row-major bf16 copy W16 [rows][ldw] for a
-// bf16 GEMM. w = bf16(s q + b) by weights_bf16x2 (qgemm_core.cuh): the instructions of
-// qgemm's bf16-weight kernel, so the same weights bit for bit. Memory-bound: per weight
+// matrix (QMat::tiled, qmatmul_decode_mma.cuh) expanded to a row-major bf16 copy W16 [rows][ldw] for a
+// bf16 GEMM. w = bf16(s q + b) by weights_bf16x2 (qmatmul_prefill_core.cuh): the instructions of
+// qmatmul_prefill's bf16-weight kernel, so the same weights bit for bit. Memory-bound: per weight
 // 0.5 byte of code and 1/16 byte of scale|bias read, 2 bytes written.
 //
 // One warp per 16 x 64 tile (row block rb, group g), kTilesPerWarp consecutive tiles with
@@ -13,8 +13,8 @@
 #include <string>
 
 #include "dequant_pass.h"
-#include "device_common.cuh"
-#include "qgemm_core.cuh"
+#include "common/device_common.cuh"
+#include "qmatmul/qmatmul_prefill_core.cuh"
 
 namespace lily::bench {
 namespace {

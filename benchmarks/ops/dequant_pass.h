@@ -6,12 +6,12 @@
 
 #include <cstdint>
 
-#include "kernel_types.h"
+#include "common/kernel_types.h"
 
 namespace lily::bench {
 
 // w16 [W.rows][ldw] bf16, row-major: w16[n][k] = bf16(s q + b) for k < W.cols, rounded as
-// qgemm's bf16-weight kernel rounds (GemmArgs::weights_bf16); columns >= W.cols untouched.
+// qmatmul_prefill's bf16-weight kernel rounds (GemmArgs::weights_bf16); columns >= W.cols untouched.
 // W: tiled 4-bit group 64; ldw % 8 == 0, ldw >= W.cols, w16 16-byte aligned.
 void dequant_bf16(const cuda::QMat& W, uint16_t* w16, int ldw, cudaStream_t stream);
 

@@ -3,22 +3,22 @@
 // back-to-back launches with PDL, the way a decode step chains its kernels.
 //   empty          griddepcontrol.wait + launch_dependents: the launch-to-launch floor
 //   stage x        + RMSNorm of the hidden state staged for the tensor cores, as every
-//                  gemv does after its wait (an L2 read of h, a block reduction, the norm weights);
+//                  qmatmul_decode does after its wait (an L2 read of h, a block reduction, the norm weights);
 //                  then its loads and block sum alone, its loads alone, and the staging a
 //                  kernel would do if its producer had written x already in the fragment
 //                  layout with per-16-row partial group sums and sums of squares (perf-log 9):
 //                  8 KB into shared memory, the group sums, 1/rms per warp, one barrier
-//   gemv, k row blocks per block: + k serial 16-row tiles of 2048 columns per block (one ahead)
+//   qmatmul_decode, k row blocks per block: + k serial 16-row tiles of 2048 columns per block (one ahead)
 //   chain of 21 gemvs, released by griddepcontrol.wait / by a counter: 21 dependent
 //                  gemvs of 1 row block per block (each reads the previous one's output as
 //                  x); the second releases each kernel when every block of its predecessor
 //                  has added 1 to a counter (fence, atomic; thread 0 polls it) instead of
 //                  waiting for the predecessor's completion. Per kernel: the µs / 21
 #include "bench.h"
-#include "device_common.cuh"
-#include "gemv.h"
-#include "grid_barrier.cuh"
-#include "qmma.cuh"
+#include "common/device_common.cuh"
+#include "qmatmul/qmatmul_decode.h"
+#include "common/grid_barrier.cuh"
+#include "qmatmul/qmatmul_decode_mma.cuh"
 #include "shapes.h"
 
 namespace lily::bench {
@@ -164,12 +164,12 @@ void add_probe_ops(std::vector<Op>& ops) {
   }
   for (int per_block : {1, 2, 3}) {
     const int rows = 16 * per_block * 264;  // an H200's decode grid; other cards get other splits
-    ops.push_back({"probe: gemv +rmsnorm, " + std::to_string(per_block) + " row block(s) per block", dims(rows, kH),
+    ops.push_back({"probe: qmatmul_decode +rmsnorm, " + std::to_string(per_block) + " row block(s) per block", dims(rows, kH),
                    qbytes(rows, kH, 4) + kH * 8.0 + rows * 4.0, 2.0 * rows * kH, [=](Arena& A) -> Launch {
                      const XSpec X = rmsnorm_of(A, A.normal(kH));
                      const QMat W = A.qmat(rows, kH, 4, true);
                      const YSpec Y{YMode::Store, A.normal(rows)};
-                     return [=](cudaStream_t s) { gemv(W, X, Y, nullptr, s); };
+                     return [=](cudaStream_t s) { qmatmul_decode(W, X, Y, nullptr, s); };
                    }});
   }
   for (bool counter : {false, true}) {

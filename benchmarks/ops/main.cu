@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_check.h"
-#include "device_common.cuh"
+#include "common/cuda_check.h"
+#include "common/device_common.cuh"
 #include "harness.h"
 
 namespace lily::bench {

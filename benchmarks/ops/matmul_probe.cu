@@ -13,10 +13,10 @@
 #include <type_traits>
 
 #include "bf16.h"
-#include "cuda_check.h"
+#include "common/cuda_check.h"
 #include "dequant_pass.h"
 #include "harness.h"
-#include "qmma.cuh"
+#include "qmatmul/qmatmul_decode_mma.cuh"
 
 namespace lily::bench {
 namespace {

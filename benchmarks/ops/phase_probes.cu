@@ -18,8 +18,8 @@
 #include <cooperative_groups.h>
 
 #include "bench.h"
-#include "device_common.cuh"
-#include "grid_barrier.cuh"
+#include "common/device_common.cuh"
+#include "common/grid_barrier.cuh"
 #include "shapes.h"
 
 namespace lily::bench {

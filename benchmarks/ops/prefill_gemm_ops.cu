@@ -1,5 +1,5 @@
-// The prefill GEMMs (qgemm) of a chunk of T = 4096 tokens at Qwen3.6-35B-A3B shapes, called
-// as src/cuda/prefill_step.cpp calls them: dense tiles of 64 and 128 rows, grouped expert
+// The prefill GEMMs (qmatmul_prefill) of a chunk of T = 4096 tokens at Qwen3.6-35B-A3B shapes, called
+// as src/cuda/step/prefill_step.cpp calls them: dense tiles of 64 and 128 rows, grouped expert
 // tiles of 32, 64 and 128; each with the exact kernel, with bf16 weights ("bf16 w",
 // GemmArgs::weights_bf16) and with bf16 weights on warpgroup MMA ("wgmma", GemmArgs::wgmma). For the three large dense GEMMs, after their tile_m 64 rows, the
 // ablation of dequantising inside the GEMM: a separate dequantisation pass to a bf16 copy
@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "bench.h"
-#include "cuda_check.h"
+#include "common/cuda_check.h"
 #include "dequant_pass.h"
-#include "qgemm.h"
+#include "qmatmul/qmatmul_prefill.h"
 #include "shapes.h"
 
 namespace lily::bench {
@@ -21,7 +21,7 @@ using namespace lily::cuda;
 
 const char* epi_name(GemmEpilogue e) { return e == GemmEpilogue::Store ? "" : e == GemmEpilogue::Add ? " +res" : " +swiglu"; }
 
-// The qgemm kernels: exact maths, bf16 weights (mma.sync), bf16 weights on wgmma (sm_90a).
+// The qmatmul_prefill kernels: exact maths, bf16 weights (mma.sync), bf16 weights on wgmma (sm_90a).
 enum class Kernel { Exact, Bf16w, Wgmma };
 constexpr Kernel kKernels[] = {Kernel::Exact, Kernel::Bf16w, Kernel::Wgmma};
 std::string variant(int tile_m, Kernel k) {
@@ -36,7 +36,7 @@ void set_kernel(GemmArgs& g, Kernel k) {
 void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int K, GemmEpilogue epi, int tile_m,
                Kernel kernel) {
   const double out = epi == GemmEpilogue::SwiGlu ? M * (N / 2) * 2.0 : epi == GemmEpilogue::Add ? M * 8.0 * N : M * 4.0 * N;
-  ops.push_back({"qgemm " + what + epi_name(epi) + variant(tile_m, kernel),
+  ops.push_back({"qmatmul_prefill " + what + epi_name(epi) + variant(tile_m, kernel),
                  "M " + std::to_string(M) + ", " + dims(N, K), qbytes(N, K, 4) + M * 2.0 * K + out, 2.0 * M * N * K,
                  [=](Arena& A) -> Launch {
                    GemmArgs g;
@@ -54,13 +54,13 @@ void add_dense(std::vector<Op>& ops, const std::string& what, int M, int N, int 
                      g.y = A.normal(size_t(M) * N);
                      g.ldy = N;
                    }
-                   return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
+                   return [=](cudaStream_t s) { qmatmul_prefill(g, tile_m, s); };
                  }});
 }
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// The separate path (dequant_bf16 + probe_gemm into y [kProbeTileM][Np]) against qgemm
+// The separate path (dequant_bf16 + probe_gemm into y [kProbeTileM][Np]) against qmatmul_prefill
 // with bf16 weights on the first kProbeTileM rows of x: the same weights bit for bit (both
 // round with weights_bf16x2) and the same bf16 x, so only the order of the fp32 sums
 // differs (~1e-6 of the output RMS). Fails when any output is off by more than 1e-3 of
@@ -81,7 +81,7 @@ void check_separate(const std::string& op, Arena& A, const QMat& W, const uint16
   g.y = y_ref;
   g.ldy = N;
   g.weights_bf16 = true;
-  qgemm(g, 64, nullptr);
+  qmatmul_prefill(g, 64, nullptr);
   dequant_bf16(W, w16, K, nullptr);
   probe_gemm(x, w16, y, M, Np, K, nullptr);
   check(cudaDeviceSynchronize(), "separate dequant check: run");
@@ -96,8 +96,8 @@ void check_separate(const std::string& op, Arena& A, const QMat& W, const uint16
       const double d = std::fabs(double(got[size_t(m) * Np + n]) - want[size_t(m) * N + n]);
       worst = std::isnan(d) ? INFINITY : std::max(worst, d);  // NaN: unwritten
     }
-  if (!(worst <= 1e-3 * rms))  // also catches a NaN rms (qgemm left y_ref unwritten)
-    fail(op, ": the separate path differs from qgemm (bf16 w) on ", std::to_string(M), " rows by ",
+  if (!(worst <= 1e-3 * rms))  // also catches a NaN rms (qmatmul_prefill left y_ref unwritten)
+    fail(op, ": the separate path differs from qmatmul_prefill (bf16 w) on ", std::to_string(M), " rows by ",
          std::to_string(worst / rms), " of the output RMS ", std::to_string(rms), " (tolerance 1e-3)");
 }
 
@@ -180,7 +180,7 @@ void set_tiles(GemmArgs& g, Arena& A, const Routing& r, int expert_rows) {
 //   gate/up: act [T*k, I] = SwiGLU(X[x_rows] W_gu(e)^T);  down: y_slots[y_rows] = route_w * act W_d(e)^T.
 void add_grouped(std::vector<Op>& ops, int tile_m, Kernel kernel) {
   const int rows = kT * kTopK;
-  ops.push_back({"qgemm experts gate/up +swiglu (grouped)" + variant(tile_m, kernel),
+  ops.push_back({"qmatmul_prefill experts gate/up +swiglu (grouped)" + variant(tile_m, kernel),
                  "M " + std::to_string(rows) + ", 256x" + dims(2 * kI, kH),
                  qbytes(kE * 2.0 * kI, kH, 4) + kT * 2.0 * kH + rows * 2.0 * kI, 2.0 * rows * 2 * kI * kH,
                  [=](Arena& A) -> Launch {
@@ -197,9 +197,9 @@ void add_grouped(std::vector<Op>& ops, int tile_m, Kernel kernel) {
                    g.swiglu_inter = kI;
                    set_kernel(g, kernel);
                    set_tiles(g, A, r, 2 * kI);
-                   return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
+                   return [=](cudaStream_t s) { qmatmul_prefill(g, tile_m, s); };
                  }});
-  ops.push_back({"qgemm experts down x route_w (grouped)" + variant(tile_m, kernel),
+  ops.push_back({"qmatmul_prefill experts down x route_w (grouped)" + variant(tile_m, kernel),
                  "M " + std::to_string(rows) + ", 256x" + dims(kH, kI),
                  qbytes(kE * double(kH), kI, 4) + rows * 2.0 * kI + rows * 4.0 * kH + rows * 4.0, 2.0 * rows * kH * kI,
                  [=](Arena& A) -> Launch {
@@ -216,7 +216,7 @@ void add_grouped(std::vector<Op>& ops, int tile_m, Kernel kernel) {
                    g.y_scale = A.near_one(rows);
                    set_kernel(g, kernel);
                    set_tiles(g, A, r, kH);
-                   return [=](cudaStream_t s) { qgemm(g, tile_m, s); };
+                   return [=](cudaStream_t s) { qmatmul_prefill(g, tile_m, s); };
                  }});
 }
 

@@ -1,5 +1,5 @@
 // Prefill ops other than the GEMMs (prefill_gemm_ops.cu), for a chunk of T = 4096 tokens
-// at Qwen3.6-35B-A3B shapes, in the order src/cuda/prefill_step.cpp runs them.
+// at Qwen3.6-35B-A3B shapes, in the order src/cuda/step/prefill_step.cpp runs them.
 //
 // Adding an op: include its header and push an Op, e.g.
 //   ops.push_back({"my_op", dims(kT, kH), bytes, flops, [](Arena& A) -> Launch {
@@ -12,17 +12,17 @@
 #include <cstdlib>
 #include <string>
 
-#include "attention_decode.h"
-#include "attention_prefill.h"
+#include "attention/attention_decode.h"
+#include "attention/attention_prefill.h"
 #include "bench.h"
-#include "embed_rows.h"
-#include "gdn_chunked_prefill.h"
-#include "gdn_conv_prefill.h"
-#include "gdn_gated_norm.h"
-#include "gdn_scan_prefill.h"
-#include "moe_combine.h"
-#include "moe_route_prefill.h"
-#include "rmsnorm_rows.h"
+#include "norm/embedding_prefill.h"
+#include "gated_delta/gated_delta_chunked_prefill.h"
+#include "gated_delta/gated_delta_conv_prefill.h"
+#include "gated_delta/gated_rmsnorm_prefill.h"
+#include "gated_delta/gated_delta_scan_prefill.h"
+#include "moe/moe_combine_prefill.h"
+#include "moe/moe_route_prefill.h"
+#include "norm/rmsnorm_prefill.h"
 #include "shapes.h"
 
 namespace lily::bench {
@@ -31,7 +31,7 @@ namespace {
 using namespace lily::cuda;
 
 // The conv step of a second chunk (pos0 = T, so its first tokens read the ring).
-GdnConvPrefillArgs gdn_conv_args(Arena& A) {
+GdnConvPrefillArgs gated_delta_conv_args(Arena& A) {
   GdnConvPrefillArgs c;
   c.proj = A.normal(size_t(kT) * kGdnRows);
   c.ldp = kGdnRows;
@@ -87,66 +87,66 @@ void add_attention(std::vector<Op>& ops, int pos0, const char* route) {
 
 void add_prefill_ops(std::vector<Op>& ops) {
   const double rows = double(kT) * kH;  // elements of a [T, H] activation
-  ops.push_back({"embed_rows", "T " + std::to_string(kT) + ", " + dims(kV, kH), kT * (qbytes(1, kH, 4) + 4.0) + rows * 4, 0,
+  ops.push_back({"embedding_prefill", "T " + std::to_string(kT) + ", " + dims(kV, kH), kT * (qbytes(1, kH, 4) + 4.0) + rows * 4, 0,
                  [](Arena& A) -> Launch {
                    const QMat embed = A.qmat(kV, kH, 4, false);
                    std::vector<int> tokens(kT);  // BENCHMARK.md's synthetic prompt ids
                    for (int t = 0; t < kT; ++t) tokens[t] = static_cast<int>((t * 2654435761u) % unsigned(kV));
                    const int* d_tokens = A.upload(tokens);
                    float* h = A.normal(size_t(kT) * kH);
-                   return [=](cudaStream_t s) { embed_rows(embed, d_tokens, kT, h, s); };
+                   return [=](cudaStream_t s) { embedding_prefill(embed, d_tokens, kT, h, s); };
                  }});
   for (bool fp32_copy : {false, true})  // before the MoE the normed rows also go to the router in fp32
-    ops.push_back({fp32_copy ? "rmsnorm_rows -> bf16 + fp32" : "rmsnorm_rows -> bf16", dims(kT, kH),
+    ops.push_back({fp32_copy ? "rmsnorm_prefill -> bf16 + fp32" : "rmsnorm_prefill -> bf16", dims(kT, kH),
                    rows * (4 + 2 + (fp32_copy ? 4 : 0)) + kH * 4.0, 0, [=](Arena& A) -> Launch {
                      const float* h = A.normal(size_t(kT) * kH);
                      const float* w = A.near_one(kH);
                      uint16_t* xb = A.normal_bf16(size_t(kT) * kH);
                      float* xf = fp32_copy ? A.normal(size_t(kT) * kH) : nullptr;
-                     return [=](cudaStream_t s) { rmsnorm_rows(h, w, kT, kH, kEps, xb, xf, s); };
+                     return [=](cudaStream_t s) { rmsnorm_prefill(h, w, kT, kH, kEps, xb, xf, s); };
                    }});
 
   // Gated DeltaNet: conv + norms + gates, the recurrence, the gated norm.
   const double qk = 2.0 * kT * kHk * kDh * 4, v = kT * 4.0 * kHv * kDh, gates = 2.0 * kT * kHv * 4;
   const double state = 4.0 * kHv * kDh * kDh;
-  ops.push_back({"gdn_conv_prefill", "T " + std::to_string(kT) + ", conv_dim " + std::to_string(kConv),
+  ops.push_back({"gated_delta_conv_prefill", "T " + std::to_string(kT) + ", conv_dim " + std::to_string(kConv),
                  kT * 4.0 * (kConv + 2 * kHv) + kConv * 16.0 + 2 * 4 * kConv * 4.0 + qk + v + gates, 0,
                  [](Arena& A) -> Launch {
-                   const GdnConvPrefillArgs c = gdn_conv_args(A);
-                   return [=](cudaStream_t s) { gdn_conv_prefill(c, s); };
+                   const GdnConvPrefillArgs c = gated_delta_conv_args(A);
+                   return [=](cudaStream_t s) { gated_delta_conv_prefill(c, s); };
                  }});
-  ops.push_back({"gdn_scan_prefill", "T " + std::to_string(kT) + ", 32 heads x 128x128", qk + v + gates + 2 * state + v,
+  ops.push_back({"gated_delta_scan_prefill", "T " + std::to_string(kT) + ", 32 heads x 128x128", qk + v + gates + 2 * state + v,
                  7.0 * kT * kHv * kDh * kDh,  // per token: decay, S^T k, rank-1 update, S^T q
                  [](Arena& A) -> Launch {
                    // Inputs as the conv step makes them (l2-normalised q, k; decay in (0, 1)), so
                    // the state stays bounded over the repeated launches.
-                   const GdnConvPrefillArgs c = gdn_conv_args(A);
-                   gdn_conv_prefill(c, nullptr);
+                   const GdnConvPrefillArgs c = gated_delta_conv_args(A);
+                   gated_delta_conv_prefill(c, nullptr);
                    GdnScanPrefillArgs a;
                    a.q = c.q, a.k = c.k, a.v = c.v, a.beta = c.beta, a.decay = c.decay;
                    a.state = A.normal(size_t(kHv) * kDh * kDh, 0.1f);
                    a.o = A.normal(size_t(kT) * kHv * kDh);
                    a.T = kT, a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
-                   return [=](cudaStream_t s) { gdn_scan_prefill(a, s); };
+                   return [=](cudaStream_t s) { gated_delta_scan_prefill(a, s); };
                  }});
-  ops.push_back({"gdn_chunked_prefill", "T " + std::to_string(kT) + ", 32 heads x 128x128, chunks of 64",
+  ops.push_back({"gated_delta_chunked_prefill", "T " + std::to_string(kT) + ", 32 heads x 128x128, chunks of 64",
                  qk + v + gates + 2 * state + v,
                  // per token: K K^T, Q K^T rows (2 x 64 Dk), substitution (32 (Dk + Dv)), W S, Q S,
                  // P D, K^T D (3 Dk Dv + 64 Dv) as multiply-adds
                  2.0 * kT * kHv * (2 * 64 * kDh + 32 * 2 * kDh + 3 * kDh * kDh + 64 * kDh),
                  [](Arena& A) -> Launch {
-                   const GdnConvPrefillArgs c = gdn_conv_args(A);  // as for gdn_scan_prefill
-                   gdn_conv_prefill(c, nullptr);
+                   const GdnConvPrefillArgs c = gated_delta_conv_args(A);  // as for gated_delta_scan_prefill
+                   gated_delta_conv_prefill(c, nullptr);
                    GdnChunkedPrefillArgs a;
                    a.q = c.q, a.k = c.k, a.v = c.v, a.beta = c.beta, a.decay = c.decay;
                    a.state = A.normal(size_t(kHv) * kDh * kDh, 0.1f);
                    a.o = A.normal(size_t(kT) * kHv * kDh);
-                   a.scratch_bytes = gdn_chunked_prefill_scratch_bytes(kT, kHv, kDh, kDh);
+                   a.scratch_bytes = gated_delta_chunked_prefill_scratch_bytes(kT, kHv, kDh, kDh);
                    a.scratch = A.zeros<unsigned char>(a.scratch_bytes);
                    a.T = kT, a.Hk = kHk, a.Hv = kHv, a.Dk = kDh, a.Dv = kDh;
-                   return [=](cudaStream_t s) { gdn_chunked_prefill(a, s); };
+                   return [=](cudaStream_t s) { gated_delta_chunked_prefill(a, s); };
                  }});
-  ops.push_back({"gdn_gated_norm -> bf16", "T " + std::to_string(kT) + ", 32 heads x 128", 2 * v + kDh * 4.0 + v / 2, 0,
+  ops.push_back({"gated_rmsnorm_prefill -> bf16", "T " + std::to_string(kT) + ", 32 heads x 128", 2 * v + kDh * 4.0 + v / 2, 0,
                  [](Arena& A) -> Launch {
                    GdnGatedNormArgs a;
                    a.o = A.normal(size_t(kT) * kHv * kDh);
@@ -156,7 +156,7 @@ void add_prefill_ops(std::vector<Op>& ops) {
                    a.eps = kEps;
                    a.out = A.normal_bf16(size_t(kT) * kHv * kDh);
                    a.T = kT, a.Hv = kHv, a.Dv = kDh;
-                   return [=](cudaStream_t s) { gdn_gated_norm(a, s); };
+                   return [=](cudaStream_t s) { gated_rmsnorm_prefill(a, s); };
                  }});
 
   // Chunks ending at 4K, 32K, 128K on each flash kernel (the default is wgmma for D = 256).
@@ -191,13 +191,13 @@ void add_prefill_ops(std::vector<Op>& ops) {
                    r.counter = A.zeros<unsigned>(1);
                    return [=](cudaStream_t s) { moe_route_prefill(r, s); };
                  }});
-  ops.push_back({"moe_combine", "T " + std::to_string(kT) + ", top-8 + shared, H " + std::to_string(kH),
+  ops.push_back({"moe_combine_prefill", "T " + std::to_string(kT) + ", top-8 + shared, H " + std::to_string(kH),
                  rows * 4 * (2 + kTopK + 1) + kT * 4.0, 0, [](Arena& A) -> Launch {
                    float* h = A.normal(size_t(kT) * kH);
                    const float* y_slots = A.normal(size_t(kT) * kTopK * kH);
                    const float* y_shared = A.normal(size_t(kT) * kH);
                    const float* shared_logit = A.normal(kT);
-                   return [=](cudaStream_t s) { moe_combine(h, y_slots, y_shared, shared_logit, kT, kH, kTopK, s); };
+                   return [=](cudaStream_t s) { moe_combine_prefill(h, y_slots, y_shared, shared_logit, kT, kH, kTopK, s); };
                  }});
 }
 

@@ -14,7 +14,7 @@
 // its end, so the pair "triggering at their wait" (the dependent resident while its
 // predecessor loads) gives the loads before the wait a whole predecessor to hide behind.
 #include "bench.h"
-#include "device_common.cuh"
+#include "common/device_common.cuh"
 
 namespace lily::bench {
 namespace {

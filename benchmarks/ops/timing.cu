@@ -1,7 +1,7 @@
 #include <algorithm>
 
-#include "cuda_check.h"
-#include "device_common.cuh"
+#include "common/cuda_check.h"
+#include "common/device_common.cuh"
 #include "harness.h"
 
 namespace lily::bench {

@@ -4,7 +4,7 @@
 #include "error.h"
 #include "options.h"
 #ifdef LILY_HAS_CUDA
-#include "cuda_executor.h"
+#include "step/cuda_executor.h"
 #endif
 
 namespace lily {

@@ -9,12 +9,12 @@
 #include "test_util.h"
 
 namespace lily::cuda::test {
-void run_gemv_moe_tests();
+void run_qmatmul_moe_decode_tests();
 void run_sequence_tests(bool long_context);
 void run_head_tests();
-void run_qgemm_tests();
+void run_qmatmul_prefill_tests();
 void run_moe_prefill_tests();
-void run_gdn_prefill_tests();
+void run_gated_delta_prefill_tests();
 void run_attention_prefill_tests();
 void run_wgmma_tests();
 void run_rows_tests();
@@ -35,12 +35,12 @@ int main(int argc, char** argv) {
     const char* name;
     void (*run)(bool);
   } suites[] = {
-      {"gemv_moe", [](bool) { run_gemv_moe_tests(); }},
+      {"qmatmul_moe_decode", [](bool) { run_qmatmul_moe_decode_tests(); }},
       {"sequence", [](bool l) { run_sequence_tests(l); }},
       {"head", [](bool) { run_head_tests(); }},
-      {"qgemm", [](bool) { run_qgemm_tests(); }},
+      {"qmatmul_prefill", [](bool) { run_qmatmul_prefill_tests(); }},
       {"moe_prefill", [](bool) { run_moe_prefill_tests(); }},
-      {"gdn_prefill", [](bool) { run_gdn_prefill_tests(); }},
+      {"gated_delta_prefill", [](bool) { run_gated_delta_prefill_tests(); }},
       {"attention_prefill", [](bool) { run_attention_prefill_tests(); }},
       {"wgmma", [](bool) { run_wgmma_tests(); }},
       {"rows", [](bool) { run_rows_tests(); }},

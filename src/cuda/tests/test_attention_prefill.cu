@@ -9,8 +9,8 @@
 #include <cstring>
 #include <thread>
 
-#include "attention_decode.h"
-#include "attention_prefill.h"
+#include "attention/attention_decode.h"
+#include "attention/attention_prefill.h"
 #include "test_util.h"
 
 namespace lily::cuda::test {

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <numeric>
 
-#include "lm_head.h"
-#include "sampler.h"
+#include "head/lm_head.h"
+#include "head/sampler.h"
 #include "sampling.h"
 #include "test_util.h"
 

@@ -5,8 +5,8 @@
 #include <numeric>
 
 #include "error.h"
-#include "moe_combine.h"
-#include "moe_route_prefill.h"
+#include "moe/moe_combine_prefill.h"
+#include "moe/moe_route_prefill.h"
 #include "test_util.h"
 
 namespace lily::cuda::test {
@@ -254,7 +254,7 @@ void test_combine(int T, int H, int k, uint64_t seed) {
   float* dys = to_dev(ys);
   float* dysh = to_dev(ysh);
   float* dgl = to_dev(gl);
-  moe_combine(dh, dys, dysh, dgl, T, H, k, 0);
+  moe_combine_prefill(dh, dys, dysh, dgl, T, H, k, 0);
   CK(cudaGetLastError());
   std::vector<double> want(h.size());
   for (int t = 0; t < T; ++t) {
@@ -267,7 +267,7 @@ void test_combine(int T, int H, int k, uint64_t seed) {
     }
   }
   char name[96];
-  std::snprintf(name, sizeof name, "moe_combine T=%d H=%d k=%d", T, H, k);
+  std::snprintf(name, sizeof name, "moe_combine_prefill T=%d H=%d k=%d", T, H, k);
   report(name, rel_err(from_dev(dh, h.size()), want), 1e-5);
   cudaFree(dh), cudaFree(dys), cudaFree(dysh), cudaFree(dgl);
 }
@@ -297,7 +297,7 @@ void test_refusals() {
     rt.a.E = 7;
     expect("moe_route_prefill refuses a router of E + 2 rows", refused([&] { moe_route_prefill(rt.a, 0); }));
   }
-  expect("moe_combine refuses H % 4 != 0", refused([&] { moe_combine(dx, dx, dx, dx, 1, 6, 1, 0); }));
+  expect("moe_combine_prefill refuses H % 4 != 0", refused([&] { moe_combine_prefill(dx, dx, dx, dx, 1, 6, 1, 0); }));
   free_q(dW);
   cudaFree(dx);
 }
@@ -333,9 +333,9 @@ void time_prefill_moe() {
   float* dys = dev_alloc<float>(static_cast<size_t>(T) * k * kH, false);
   float* dysh = dev_alloc<float>(static_cast<size_t>(T) * kH, false);
   float* dgl = dev_alloc<float>(T, false);
-  const float combine_ms = time_ms([&] { moe_combine(dh, dys, dysh, dgl, T, kH, k, 0); }, 20);
+  const float combine_ms = time_ms([&] { moe_combine_prefill(dh, dys, dysh, dgl, T, kH, k, 0); }, 20);
   CK(cudaGetLastError());
-  std::printf("info moe_route_prefill T=%d E=%d k=%d: %.1f us; moe_combine T=%d H=%d k=%d: %.1f us (%.0f GB/s)\n", T,
+  std::printf("info moe_route_prefill T=%d E=%d k=%d: %.1f us; moe_combine_prefill T=%d H=%d k=%d: %.1f us (%.0f GB/s)\n", T,
               E, k, route_ms * 1e3, T, kH, k, combine_ms * 1e3,
               (static_cast<double>(T) * kH * 4 * (k + 3)) / (combine_ms * 1e-3) / 1e9);
   free_q(dW);

@@ -4,12 +4,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "attention_decode.h"
-#include "gdn_decode.h"
-#include "gemv.h"
-#include "lm_head.h"
-#include "moe_experts.h"
-#include "moe_router.h"
+#include "attention/attention_decode.h"
+#include "attention/attention_decode_tc.h"
+#include "gated_delta/gated_delta_decode.h"
+#include "qmatmul/qmatmul_decode.h"
+#include "head/lm_head.h"
+#include "moe/moe_experts_decode.h"
+#include "moe/moe_router_decode.h"
 #include "test_util.h"
 
 namespace lily::cuda::test {
@@ -28,7 +29,7 @@ std::vector<float> norm_weight(int n, Rng& r) {
 
 const char* mode_name(XMode m) { return m == XMode::Plain ? "plain" : m == XMode::RmsNorm ? "rmsnorm" : "embed+rmsnorm"; }
 
-void test_gemv_rows(int rows, int cols, XMode mode, YMode ymode, int T, uint64_t seed) {
+void test_qmatmul_decode_rows(int rows, int cols, XMode mode, YMode ymode, int T, uint64_t seed) {
   Rng r(seed);
   HostQ W = make_q(rows, cols, 4, 64, r, false);
   QMat dW = upload_q_tiled(W);
@@ -51,13 +52,13 @@ void test_gemv_rows(int rows, int cols, XMode mode, YMode ymode, int T, uint64_t
     Xt.x = dx + t * cols;
     Xt.token = dtok + t;
     Xt.h_out = dh1 + t * cols;
-    gemv(dW, Xt, {ymode, dy1 + t * rows}, nullptr, 0);
+    qmatmul_decode(dW, Xt, {ymode, dy1 + t * rows}, nullptr, 0);
   }
   X.h_out = dhT;
-  gemv(dW, X, {ymode, dyT}, nullptr, 0, T);
+  qmatmul_decode(dW, X, {ymode, dyT}, nullptr, 0, T);
   CK(cudaGetLastError());
   char name[160];
-  std::snprintf(name, sizeof name, "gemv %dx%d %s %s, %d rows = %d one-row launches", rows, cols, mode_name(mode),
+  std::snprintf(name, sizeof name, "qmatmul_decode %dx%d %s %s, %d rows = %d one-row launches", rows, cols, mode_name(mode),
                 ymode == YMode::Add ? "add" : "store", T, T);
   const auto y1 = from_dev(dy1, T * rows), yT = from_dev(dyT, T * rows);
   expect(name, same_bits(y1, yT) && std::all_of(yT.begin(), yT.end(), [](float v) { return std::isfinite(v); }));
@@ -119,13 +120,13 @@ void test_router_rows(int H, int E, int k, int T, uint64_t seed) {
   for (int t = 0; t < T; ++t) {
     XSpec Xt = X;
     Xt.x = dx + t * H;
-    moe_router(R, Xt, E, k, true, {one.logits + t * (E + 1), one.ids + t * k, one.weights + t * k, one.shared_gate + t},
+    moe_router_decode(R, Xt, E, k, true, {one.logits + t * (E + 1), one.ids + t * k, one.weights + t * k, one.shared_gate + t},
                nullptr, 0);
   }
-  moe_router(R, X, E, k, true, all, nullptr, 0, kRouterMaxCluster, T);
+  moe_router_decode(R, X, E, k, true, all, nullptr, 0, kRouterMaxCluster, T);
   CK(cudaGetLastError());
   char name[160];
-  std::snprintf(name, sizeof name, "moe_router H%d E%d k%d, %d rows = %d one-row launches", H, E, k, T, T);
+  std::snprintf(name, sizeof name, "moe_router_decode H%d E%d k%d, %d rows = %d one-row launches", H, E, k, T, T);
   expect(name, same_bits(from_dev(one.logits, T * (E + 1)), from_dev(all.logits, T * (E + 1))) &&
                    same_bits(from_dev(one.ids, T * k), from_dev(all.ids, T * k)) &&
                    same_bits(from_dev(one.weights, T * k), from_dev(all.weights, T * k)) &&
@@ -177,11 +178,11 @@ void test_moe_rows(int H, int E, int k, int I, int Is, int T, uint64_t seed) {
   for (int t = 0; t < T; ++t) {
     XSpec Xt = X;
     Xt.x = dx + t * H;
-    moe_gate_up(m, Xt, ids + t * k, k, act1 + t * A, nullptr, 0);
-    moe_down(m, act1 + t * A, ids + t * k, dwts + t * k, sg + t, k, h1 + t * H, pos1, nullptr, 0);
+    moe_gate_up_decode(m, Xt, ids + t * k, k, act1 + t * A, nullptr, 0);
+    moe_down_decode(m, act1 + t * A, ids + t * k, dwts + t * k, sg + t, k, h1 + t * H, pos1, nullptr, 0);
   }
-  moe_gate_up(m, X, ids, k, actT, nullptr, 0, T);
-  moe_down(m, actT, ids, dwts, sg, k, hT, posT, nullptr, 0, T);
+  moe_gate_up_decode(m, X, ids, k, actT, nullptr, 0, T);
+  moe_down_decode(m, actT, ids, dwts, sg, k, hT, posT, nullptr, 0, T);
   CK(cudaGetLastError());
   char name[160];
   std::snprintf(name, sizeof name, "moe H%d E%d k%d I%d Is%d, %d rows = %d one-row launches: activations", H, E, k, I, Is, T, T);
@@ -194,7 +195,7 @@ void test_moe_rows(int H, int E, int k, int I, int Is, int T, uint64_t seed) {
   cudaFree(act1), cudaFree(actT), cudaFree(h1), cudaFree(hT), cudaFree(pos1), cudaFree(posT);
 }
 
-void test_gdn_rows(int Hk, int Hv, int Dk, int Dv, int pos0, int T, uint64_t seed) {
+void test_gated_delta_decode_rows(int Hk, int Hv, int Dk, int Dv, int pos0, int T, uint64_t seed) {
   Rng r(seed);
   const int conv_dim = 2 * Hk * Dk + Hv * Dv, n_proj = conv_dim + Hv * Dv + 2 * Hv;
   const size_t S = static_cast<size_t>(Hv) * Dk * Dv;
@@ -226,7 +227,7 @@ void test_gdn_rows(int Hk, int Hv, int Dk, int Dv, int pos0, int T, uint64_t see
     one.state_in = states[t];
     one.state_out = states[t + 1];
     one.out = out1 + t * Hv * Dv;
-    gdn_decode(one, nullptr, 0);
+    gated_delta_decode(one, nullptr, 0);
   }
   // One launch of T rows.
   a.ring = to_dev(ring0);
@@ -235,7 +236,7 @@ void test_gdn_rows(int Hk, int Hv, int Dk, int Dv, int pos0, int T, uint64_t see
   a.state_rows = dev_alloc<float>((T - 1) * S);
   a.state_out = dev_alloc<float>(S);
   a.out = dev_alloc<float>(T * Hv * Dv);
-  gdn_decode(a, nullptr, 0, T);
+  gated_delta_decode(a, nullptr, 0, T);
   CK(cudaGetLastError());
   bool states_ok = true;
   for (int t = 0; t < T; ++t) {
@@ -310,11 +311,11 @@ void test_attention_rows(int Hq, int Hkv, int D, int rot, int pos0, int T, uint6
 void run_rows_tests() {
   test_head_rows(4096, 256, 1, 59);  // one row: the verify head's argmax without a token choice
   for (int T = 2; T <= kMaxStepRows; ++T) {
-    test_gemv_rows(12352, 2048, XMode::RmsNorm, YMode::Store, T, 10 + T);  // GDN in-projection
-    test_gemv_rows(9216, 2048, XMode::EmbedRmsNorm, YMode::Store, T, 20 + T);
-    test_gemv_rows(2048, 4096, XMode::Plain, YMode::Add, T, 30 + T);  // out-projection (16-warp blocks)
-    test_gemv_rows(300, 256, XMode::RmsNorm, YMode::Add, T, 40 + T);
-    test_gemv_rows(33, 1088, XMode::EmbedRmsNorm, YMode::Store, T, 50 + T);
+    test_qmatmul_decode_rows(12352, 2048, XMode::RmsNorm, YMode::Store, T, 10 + T);  // GDN in-projection
+    test_qmatmul_decode_rows(9216, 2048, XMode::EmbedRmsNorm, YMode::Store, T, 20 + T);
+    test_qmatmul_decode_rows(2048, 4096, XMode::Plain, YMode::Add, T, 30 + T);  // out-projection (16-warp blocks)
+    test_qmatmul_decode_rows(300, 256, XMode::RmsNorm, YMode::Add, T, 40 + T);
+    test_qmatmul_decode_rows(33, 1088, XMode::EmbedRmsNorm, YMode::Store, T, 50 + T);
     test_head_rows(4096, 256, T, 60 + T);
     test_head_rows(50000, 2048, T, 70 + T);
     test_router_rows(2048, 256, 8, T, 80 + T);
@@ -322,8 +323,8 @@ void run_rows_tests() {
     test_moe_rows(2048, 64, 8, 512, 512, T, 100 + T);  // Qwen3.6-35B-A3B widths: 16-warp down
     test_moe_rows(4096, 64, 8, 512, 512, T, 110 + T);  // 8-warp down, several row blocks a block
     test_moe_rows(256, 16, 4, 64, 128, T, 120 + T);    // lily-tiny
-    test_gdn_rows(16, 32, 128, 128, 4095, T, 130 + T);  // Qwen3.6-35B-A3B
-    test_gdn_rows(2, 4, 64, 64, 1, T, 140 + T);         // lily-tiny, the ring partly before position 0
+    test_gated_delta_decode_rows(16, 32, 128, 128, 4095, T, 130 + T);  // Qwen3.6-35B-A3B
+    test_gated_delta_decode_rows(2, 4, 64, 64, 1, T, 140 + T);         // lily-tiny, the ring partly before position 0
     for (int pos : {0, 126, 200, 8190, 20000}) test_attention_rows(16, 2, 256, 64, pos, T, 150 + T + pos);
     test_attention_rows(4, 2, 64, 32, 60, T, 160 + T);
   }

@@ -3,8 +3,9 @@
 // split route, GQA group sizes, head dims, and one step at position 262,143).
 #include <algorithm>
 
-#include "attention_decode.h"
-#include "gdn_decode.h"
+#include "attention/attention_decode.h"
+#include "attention/attention_decode_tc.h"
+#include "gated_delta/gated_delta_decode.h"
 #include "test_util.h"
 
 namespace lily::cuda::test {
@@ -43,7 +44,7 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
     CK(cudaMemcpy(pos, &t, 4, cudaMemcpyHostToDevice));
     a.state_in = state[t & 1];
     a.state_out = state[(t + 1) & 1];
-    gdn_decode(a, nullptr, 0);
+    gated_delta_decode(a, nullptr, 0);
     const auto out = from_dev(a.out, Hv * Dv);
 
     std::vector<double> c(conv_dim);
@@ -87,7 +88,7 @@ void test_gdn(int Hk, int Hv, int Dk, int Dv, int steps, uint64_t seed) {
   for (int h = 0; h < Hv; ++h)
     for (int k = 0; k < Dk; ++k)
       for (int v = 0; v < Dv; ++v)
-        got[(static_cast<size_t>(h) * Dk + k) * Dv + v] = st[gdn_state_index(Hv, Dk, Dv, h, k, v)];
+        got[(static_cast<size_t>(h) * Dk + k) * Dv + v] = st[gated_delta_state_index(Hv, Dk, Dv, h, k, v)];
   report("  final recurrent state", rel_err(got, Sref), 1e-4);
   cudaFree(const_cast<float*>(a.conv_w)), cudaFree(const_cast<float*>(a.norm_w)), cudaFree(const_cast<float*>(a.dt_bias)), cudaFree(const_cast<float*>(a.neg_A));
   cudaFree(a.ring), cudaFree(state[0]), cudaFree(state[1]), cudaFree(proj), cudaFree(a.out), cudaFree(pos);

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bf16.h"
-#include "kernel_types.h"
-#include "qmma_pack.h"
+#include "common/kernel_types.h"
+#include "qmatmul/qmatmul_tiles.h"
 
 namespace lily::cuda::test {
 

@@ -11,10 +11,10 @@
 // value they hold, which names a permutation (a layout error) at a glance.
 #include <cmath>
 
-#include "async_copy.cuh"
-#include "device_common.cuh"
+#include "common/async_copy.cuh"
+#include "common/device_common.cuh"
 #include "test_util.h"
-#include "wgmma.cuh"
+#include "common/wgmma.cuh"
 
 namespace lily::cuda::test {
 namespace {
