@@ -1,7 +1,6 @@
-// Engine, Session and TokenStream: the Python-facing handles of the C++ core.
-// Generation runs on a C++ thread with the GIL released; tokens reach Python through
-// a queue, so the decode loop never waits on Python, and runs at most kReadAhead tokens
-// ahead of its reader, so a stream nobody reads stops there and leaves the model free.
+// Engine, Session and TokenStream: the Python-facing handles of the C++ core. A stream's
+// generation runs on its own C++ thread (token_stream.h); every call that blocks on it
+// releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -9,17 +8,14 @@
 #include <nanobind/stl/shared_ptr.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
-#include <thread>
+#include <optional>
 
 #include "bindings.h"
 #include "engine.h"
 #include "error.h"
 #include "options.h"
+#include "token_stream.h"
 #include "threadpool.h"
 
 namespace nb = nanobind;
@@ -27,7 +23,6 @@ namespace nb = nanobind;
 namespace lily {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 template <typename T>
@@ -37,25 +32,13 @@ nb::ndarray<nb::numpy, T> numpy_owning(std::vector<T>&& v, std::vector<size_t> s
   return nb::ndarray<nb::numpy, T>(heap->data(), shape.size(), shape.data(), owner);
 }
 
-struct EngineState {
-  std::shared_ptr<ModelWeights> weights;
-  std::unique_ptr<Executor> executor;
-  std::mutex busy;  // one forward or generation at a time (batch 1)
-};
-
-class PySession {
+// A session as Python holds it. Its stream's executor call changes the session under
+// the engine lock, so a read while generating waits for the stream's next pause (at most
+// TokenStream::kReadAhead tokens).
+class PySession : public EngineSession {
  public:
-  PySession(std::shared_ptr<EngineState> e, std::unique_ptr<Session> s) : engine(std::move(e)), session(std::move(s)) {}
-  std::shared_ptr<EngineState> engine;
-  std::unique_ptr<Session> session;
-  std::atomic<bool> generating{false};
+  using EngineSession::EngineSession;
 
-  void check_idle() const {
-    if (generating) fail("this session is generating; finish or cancel its stream first");
-  }
-
-  // A value read from the session. Its stream's executor call changes the session under
-  // the engine lock, so a read waits for the stream's next pause (at most kReadAhead tokens).
   template <typename Get>
   auto read(Get get) const {
     if (!generating) return get(*session);
@@ -63,202 +46,6 @@ class PySession {
     std::lock_guard<std::mutex> busy(engine->busy);
     return get(*session);
   }
-};
-
-// Finds stop strings in the bytes of the generated tokens. Matching in C++ lets the
-// executor stop exactly at the token that completes a stop string, so the session
-// holds no token beyond the text returned.
-class StopStringMatcher {
- public:
-  StopStringMatcher(std::shared_ptr<const std::vector<std::string>> token_bytes, std::vector<std::string> stops)
-      : token_bytes_(std::move(token_bytes)), stops_(std::move(stops)) {
-    for (const auto& s : stops_) longest_ = std::max(longest_, s.size());
-  }
-  bool empty() const { return stops_.empty(); }
-
-  // Appends a token's bytes; true when a stop string now ends inside them.
-  bool push(int32_t tok) {
-    if (stops_.empty() || !token_bytes_ || tok < 0 || tok >= static_cast<int32_t>(token_bytes_->size())) return false;
-    const size_t before = tail_.size();
-    tail_ += (*token_bytes_)[tok];
-    for (const auto& s : stops_) {
-      // Only matches that end in the new bytes; older ones would have stopped earlier.
-      size_t from = before >= s.size() ? before - s.size() + 1 : 0;
-      if (tail_.find(s, from) != std::string::npos) return true;
-    }
-    if (tail_.size() > 2 * longest_ + 64) tail_.erase(0, tail_.size() - longest_);
-    return false;
-  }
-
- private:
-  std::shared_ptr<const std::vector<std::string>> token_bytes_;
-  std::vector<std::string> stops_;
-  std::string tail_;
-  size_t longest_ = 0;
-};
-
-// Tokens the reader may lag behind before generation pauses, and the lag at which it
-// resumes (half: a reader that keeps up never waits for a restart).
-constexpr int64_t kReadAhead = 32;
-constexpr int64_t kResumeAt = kReadAhead / 2;
-
-// One generation, on its own thread. At kReadAhead unread tokens the executor's generate
-// call returns (its callback cancels) and the engine lock is released; once the reader has
-// caught up, a new call continues from the session (GenerateRequest::generated_before),
-// so a paused stream yields the same tokens as one that never paused.
-class TokenStream {
- public:
-  TokenStream(std::shared_ptr<PySession> s, GenerateRequest req, StopStringMatcher stops)
-      : session_(std::move(s)), stops_(std::move(stops)) {
-    session_->check_idle();
-    session_->generating = true;
-    start_ = Clock::now();
-    worker_ = std::thread([this, req = std::move(req)]() mutable { run(std::move(req)); });
-  }
-  ~TokenStream() {
-    cancel();
-    join();
-  }
-
-  int32_t next() {
-    int32_t tok = -1;
-    {
-      nb::gil_scoped_release release;
-      std::unique_lock<std::mutex> lk(mu_);
-      token_ready_.wait(lk, [&] { return !queue_.empty() || done_; });
-      if (!queue_.empty()) {
-        tok = queue_.front();
-        queue_.pop_front();
-        if (static_cast<int64_t>(queue_.size()) <= kResumeAt) reader_caught_up_.notify_one();
-      }
-    }
-    if (tok >= 0) return tok;
-    join();
-    if (error_) std::rethrow_exception(error_);
-    throw nb::stop_iteration();
-  }
-
-  void cancel() {
-    std::lock_guard<std::mutex> lk(mu_);
-    cancel_ = true;
-    reader_caught_up_.notify_one();
-  }
-
-  // Waits for the end and returns the tokens not yet read. Generation runs unbounded
-  // meanwhile: this reader takes everything.
-  std::vector<int32_t> drain() {
-    std::vector<int32_t> out;
-    {
-      nb::gil_scoped_release release;
-      std::unique_lock<std::mutex> lk(mu_);
-      unbounded_ = true;
-      for (;;) {
-        token_ready_.wait(lk, [&] { return !queue_.empty() || done_; });
-        out.insert(out.end(), queue_.begin(), queue_.end());
-        queue_.clear();
-        reader_caught_up_.notify_one();  // a paused stream resumes
-        if (done_) break;
-      }
-    }
-    join();
-    if (error_) std::rethrow_exception(error_);
-    return out;
-  }
-
-  std::string finish_reason() const { std::lock_guard<std::mutex> lk(mu_); return finish_reason_; }
-  int64_t n_tokens() const { std::lock_guard<std::mutex> lk(mu_); return static_cast<int64_t>(generated_.size()); }
-  // Every token generated so far, read or not: what the session holds from this stream.
-  std::vector<int32_t> tokens() const { std::lock_guard<std::mutex> lk(mu_); return generated_; }
-  // Seconds from start to the first token, and spent generating the tokens after it
-  // (pauses excluded).
-  double first_token_seconds() const { std::lock_guard<std::mutex> lk(mu_); return seconds(start_, first_); }
-  double decode_seconds() const { std::lock_guard<std::mutex> lk(mu_); return decode_seconds_; }
-
- private:
-  static double seconds(Clock::time_point a, Clock::time_point b) {
-    return b > a ? std::chrono::duration<double>(b - a).count() : 0.0;
-  }
-  void join() {
-    if (worker_.joinable()) {
-      nb::gil_scoped_release release;
-      worker_.join();
-    }
-  }
-
-  // Blocks while the reader lags by more than kResumeAt tokens; false once cancelled.
-  bool wait_for_reader() {
-    std::unique_lock<std::mutex> lk(mu_);
-    reader_caught_up_.wait(lk, [&] { return cancel_ || static_cast<int64_t>(queue_.size()) <= kResumeAt; });
-    return !cancel_;
-  }
-
-  // The executor's callback: queues the token; false to stop (a stop string, cancel) or pause.
-  bool accept(int32_t tok) {
-    const auto now = Clock::now();
-    std::lock_guard<std::mutex> lk(mu_);
-    if (generated_.empty()) first_ = now;
-    else decode_seconds_ += seconds(std::max(last_, call_start_), now);  // a pause is not decoding
-    last_ = now;
-    generated_.push_back(tok);
-    queue_.push_back(tok);
-    token_ready_.notify_one();
-    if (stops_.push(tok)) {
-      stopped_by_string_ = true;
-      return false;
-    }
-    paused_ = !cancel_ && !unbounded_ && static_cast<int64_t>(queue_.size()) >= kReadAhead;
-    return !cancel_ && !paused_;
-  }
-
-  // One executor call per stretch between pauses, until generation ends.
-  void run(GenerateRequest req) {
-    std::string reason;
-    try {
-      const int64_t budget = req.max_tokens;
-      while (reason.empty() && wait_for_reader()) {
-        std::lock_guard<std::mutex> busy(session_->engine->busy);
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (cancel_) break;
-          req.generated_before = static_cast<int64_t>(generated_.size());
-          req.max_tokens = budget - req.generated_before;
-          call_start_ = Clock::now();
-          paused_ = false;
-        }
-        const GenerateResult r =
-            session_->engine->executor->generate(*session_->session, req, [this](int32_t tok) { return accept(tok); });
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stopped_by_string_) reason = "stop";
-        else if (!paused_ || r.finish_reason != "cancelled") reason = r.finish_reason;
-      }
-      if (reason.empty()) reason = "cancelled";
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(mu_);
-      error_ = std::current_exception();
-    }
-    session_->generating = false;
-    std::lock_guard<std::mutex> lk(mu_);
-    finish_reason_ = reason;
-    done_ = true;
-    token_ready_.notify_all();
-  }
-
-  std::shared_ptr<PySession> session_;
-  StopStringMatcher stops_;
-  std::thread worker_;
-  mutable std::mutex mu_;  // guards everything below
-  std::condition_variable token_ready_, reader_caught_up_;
-  std::deque<int32_t> queue_;  // generated, not yet read
-  std::vector<int32_t> generated_;
-  bool stopped_by_string_ = false;
-  bool cancel_ = false;
-  bool unbounded_ = false;  // drain(): no read-ahead bound
-  bool paused_ = false;     // the last callback paused the executor's call
-  bool done_ = false;
-  std::string finish_reason_;
-  std::exception_ptr error_;
-  Clock::time_point start_, first_, last_, call_start_;  // call_start_: of the executor's current call
-  double decode_seconds_ = 0.0;
 };
 
 class PyEngine {
@@ -350,7 +137,13 @@ class PyEngine {
     }
     if (!stops.empty() && !token_bytes_) fail("stop strings need the tokenizer's token bytes (set_token_bytes)");
     GenerateRequest req{max_tokens, p, std::move(stop_ids)};
-    return std::make_shared<TokenStream>(std::move(s), std::move(req), StopStringMatcher(token_bytes_, std::move(stops)));
+    // Dropped by Python with the GIL held: the deleter releases it while the worker stops.
+    return std::shared_ptr<TokenStream>(
+        new TokenStream(std::move(s), std::move(req), StopStringMatcher(token_bytes_, std::move(stops))),
+        [](TokenStream* t) {
+          nb::gil_scoped_release release;
+          delete t;
+        });
   }
 
   // The bytes each token id stands for (from the tokenizer), for stop-string matching.
@@ -450,12 +243,21 @@ void register_engine(nb::module_& m) {
                    [](const PySession& s) { return s.read([](const Session& x) { return x.expert_load; }); })
       .def_prop_ro("generating", [](const PySession& s) { return s.generating.load(); });
 
-  m.attr("STREAM_READ_AHEAD") = kReadAhead;
+  m.attr("STREAM_READ_AHEAD") = TokenStream::kReadAhead;
   nb::class_<TokenStream>(m, "TokenStream")
       .def("__iter__", [](nb::handle self) { return self; })
-      .def("__next__", &TokenStream::next)
+      .def("__next__",
+           [](TokenStream& t) {
+             std::optional<int32_t> tok;
+             {
+               nb::gil_scoped_release release;
+               tok = t.next();
+             }
+             if (!tok) throw nb::stop_iteration();
+             return *tok;
+           })
       .def("cancel", &TokenStream::cancel)
-      .def("drain", &TokenStream::drain)
+      .def("drain", &TokenStream::drain, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("finish_reason", &TokenStream::finish_reason)
       .def_prop_ro("n_tokens", &TokenStream::n_tokens)
       .def_prop_ro("tokens", &TokenStream::tokens)

@@ -1,9 +1,13 @@
-// The one place that knows every backend: picks an executor for a device name.
+// The one place that knows every backend (make_executor), and the state an engine and its
+// sessions share: one forward or generation at a time (batch 1).
 #pragma once
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "error.h"
 #include "executor.h"
 
 namespace lily {
@@ -14,5 +18,24 @@ std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weig
 
 // Backends compiled into this build and usable on this machine.
 std::vector<std::string> available_devices();
+
+struct EngineState {
+  std::shared_ptr<ModelWeights> weights;
+  std::unique_ptr<Executor> executor;
+  std::mutex busy;  // held by every executor call
+};
+
+// A session of an engine; `generating` while a TokenStream owns it.
+struct EngineSession {
+  EngineSession(std::shared_ptr<EngineState> e, std::unique_ptr<Session> s)
+      : engine(std::move(e)), session(std::move(s)) {}
+  std::shared_ptr<EngineState> engine;
+  std::unique_ptr<Session> session;
+  std::atomic<bool> generating{false};
+
+  void check_idle() const {
+    if (generating) fail("this session is generating; finish or cancel its stream first");
+  }
+};
 
 }  // namespace lily

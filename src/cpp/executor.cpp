@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "decode_loop.h"
 #include "error.h"
 
 namespace lily {
@@ -98,37 +99,63 @@ void Executor::keep_verified(Session& s, int64_t m) {
   s.verified = 0;
 }
 
+// Each step runs when queued, on the host: feed the token (forward_chunk), then sample
+// from the logits it leaves, with the history of everything fed.
+class HostStepQueue final : public StepQueue {
+ public:
+  HostStepQueue(Executor& e, Session& s, const GenerateRequest& req, std::function<void(int32_t)> forward_one)
+      : s_(s), req_(req), sampler_(req.sampling), history_(s.tokens), forward_one_(std::move(forward_one)),
+        vocab_(e.weights().config.vocab_size) {
+    sampler_.skip(req.generated_before);
+  }
+  int depth() const override { return 1; }
+  void feed(int32_t token) override {
+    const int32_t t = token == kPrevious ? chosen_ : token;
+    forward_one_(t);
+    history_.push_back(t);
+    choose();
+  }
+  void choose() override {
+    if (s_.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
+    chosen_ = sampler_.sample(s_.last_logits.data(), vocab_, history_, req_.generated_before + n_chosen_++);
+  }
+  int32_t next_token() override { return chosen_; }
+
+ private:
+  Session& s_;
+  const GenerateRequest& req_;
+  Sampler sampler_;
+  std::vector<int32_t> history_;
+  std::function<void(int32_t)> forward_one_;
+  int64_t vocab_;
+  int64_t n_chosen_ = 0;
+  int32_t chosen_ = -1;
+};
+
+std::unique_ptr<StepQueue> Executor::decode_steps(Session& s, const GenerateRequest& req) {
+  return std::make_unique<HostStepQueue>(*this, s, req, [this, &s](int32_t t) {
+    s.last_logits.resize(weights_->config.vocab_size);
+    forward_chunk(s, &t, 1, s.last_logits.data(), nullptr);
+  });
+}
+
 GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
-  GenerateResult r;
   drop_verified(s);
-  if (s.pending >= 0) {
-    int32_t t = s.pending;
-    s.pending = -1;
-    if (s.position() + 1 > s.max_context) { s.pending = t; r.finish_reason = "length"; return r; }
-    forward(s, &t, 1, nullptr);
-  }
-  if (s.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
-  Sampler sampler(req.sampling);
-  sampler.skip(req.generated_before);
-  std::vector<int32_t> history = s.tokens;
-  const int64_t V = weights_->config.vocab_size;
-  while (r.n_tokens < req.max_tokens) {
-    const int32_t tok = sampler.sample(s.last_logits.data(), V, history, req.generated_before + r.n_tokens);
-    history.push_back(tok);
-    ++r.n_tokens;
-    const bool keep_going = on_token(tok);
-    const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
-    const bool length = r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context;
-    if (stop || length || !keep_going) {
-      s.pending = tok;
-      r.finish_reason = stop ? "stop" : length ? "length" : "cancelled";
-      return r;
-    }
-    forward_chunk(s, &tok, 1, s.last_logits.data(), nullptr);
-    s.tokens.push_back(tok);
-  }
+  GenerateResult r;
   r.finish_reason = "length";
-  return r;
+  if (s.pending >= 0 && s.position() + 1 > s.max_context) return r;
+  if (s.pending < 0 && s.position() == 0) fail("generate: the session is empty; prefill a prompt first");
+  Sampler check(req.sampling);
+  if (req.max_tokens <= 0) {  // nothing to choose: only the pending token is fed
+    if (s.pending >= 0) {
+      const int32_t t = s.pending;
+      s.pending = -1;
+      forward(s, &t, 1, nullptr);
+    }
+    return r;
+  }
+  const std::unique_ptr<StepQueue> steps = decode_steps(s, req);
+  return decode_loop(s, req, *steps, on_token);
 }
 
 }  // namespace lily

@@ -55,6 +55,8 @@ struct GenerateResult {
 // that token ends it anyway (a stop id, max_tokens, the context's end), whose reason wins.
 using TokenCallback = std::function<bool(int32_t)>;
 
+class StepQueue;
+
 class Executor {
  public:
   explicit Executor(std::shared_ptr<const ModelWeights> w) : weights_(std::move(w)) {}
@@ -72,8 +74,9 @@ class Executor {
   // Refuses (and changes nothing) when the tokens would not fit the context.
   void forward(Session& s, const int32_t* tokens, int64_t n, float* all_logits);
 
-  // Chooses up to max_tokens tokens, calling on_token for each.
-  virtual GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
+  // Chooses up to max_tokens tokens, calling on_token for each (decode_loop.h: one loop
+  // for every executor, over its decode_steps).
+  GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token);
 
   // Speculative decoding's verify: feeds tokens[0..n) (1 <= n <= max_verify_tokens(); a
   // pending token must be tokens[0]) as one step and writes every fed token's logits to
@@ -112,6 +115,9 @@ class Executor {
                            int64_t vocab_limit) = 0;
   virtual void keep_step(Session& s, int64_t n, int64_t m) = 0;
   virtual void forget_verified(Session& s) {}
+  // The decode steps generate() queues (decode_loop.h). The default runs each step when
+  // queued: forward_chunk, then the host sampler on last_logits.
+  virtual std::unique_ptr<StepQueue> decode_steps(Session& s, const GenerateRequest& req);
   void drop_verified(Session& s) {
     s.verified = 0;
     forget_verified(s);

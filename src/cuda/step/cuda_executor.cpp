@@ -1,7 +1,7 @@
 // The CUDA executor: sessions on the device, prefill of whole chunks (prefill_step.h;
 // token by token through the decode step for 1-token feeds, or where a model's matrices
-// do not fit the prefill kernels), and generate() as an on-device loop (see generate()
-// below for the hand-off).
+// do not fit the prefill kernels), and decode steps queued two at a time on the device
+// for the one generate loop (decode_loop.h; Steps below for the hand-off).
 #include "step/cuda_executor.h"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "common/launch_options.h"
 #include "head/lm_head.h"
 #include "step/prefill_step.h"
+#include "decode_loop.h"
 #include "error.h"
 
 namespace lily {
@@ -176,7 +177,7 @@ class CudaExecutor : public Executor {
     copy_session(cs(dst), cs(src));
   }
 
-  GenerateResult generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) override;
+  std::unique_ptr<StepQueue> decode_steps(Session& s, const GenerateRequest& req) override;
 
  protected:
   void forward_chunk(Session& s, const int32_t* tokens, int64_t n, float* last_logits, float* all_logits) override;
@@ -185,6 +186,7 @@ class CudaExecutor : public Executor {
   void keep_step(Session& s, int64_t n, int64_t m) override;
 
  private:
+  class Steps;
   cudaGraphExec_t graph(CudaSession& s, GraphKey key);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
   void copy_session(CudaSession& dst, const CudaSession& src);
@@ -431,120 +433,84 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   }
 }
 
-// The decode loop. Step k feeds token k-1 (the first feeds the pending token, or only
-// chooses from the current logits) and writes the token it chooses into a device slot
-// (for step k+1) and into mapped host memory. The host keeps one step queued ahead:
-// while it reads token k, step k+1 already runs. Stop ids, max_tokens and the context
-// limit are also checked on the device, which then halts later steps; a step the host
-// does not accept (cancellation) changes nothing the session keeps, because the
-// recurrent state and logits are double-buffered and the position is rewritten.
-GenerateResult CudaExecutor::generate(Session& base, const GenerateRequest& req, const TokenCallback& on_token) {
-  CudaSession& s = cs(base);
-  check(cudaSetDevice(device_), "cudaSetDevice");
-  drop_verified(s);
-  GenerateResult r;
-  if (s.pending >= 0 && s.position() + 1 > s.max_context) {
-    r.finish_reason = "length";
-    return r;
-  }
-  if (s.pending < 0 && s.position() == 0) fail("generate: the session is empty; prefill a prompt first");
-  Sampler validate_params(req.sampling);
-  if (req.max_tokens <= 0) {
-    if (s.pending >= 0) {
-      const int32_t t = s.pending;
-      s.pending = -1;
-      forward(s, &t, 1, nullptr);
+// The decode steps on the device. Step k feeds token k-1 (the first feeds the pending
+// token, or only chooses from the current logits) and writes the token it chooses into a
+// device slot (read by step k+1) and into mapped host memory, so two steps are queued at
+// once: while the host reads token k, step k+1 already runs. Stop ids, max_tokens and the
+// context limit are also checked on the device, which then halts later steps; a step the
+// loop does not accept changes nothing the session keeps, because the recurrent state and
+// logits are double-buffered and finish() rewrites the position.
+class CudaExecutor::Steps final : public StepQueue {
+ public:
+  Steps(CudaExecutor& e, CudaSession& s, const GenerateRequest& req) : e_(e), s_(s), how_(choice_for(req.sampling)) {
+    check(cudaSetDevice(e.device_), "cudaSetDevice");
+    for (int p = 0; p < 2; ++p) {  // capture before anything is queued
+      e.graph(s, {Graph::Step, p, how_});
+      e.graph(s, {Graph::Choose, p, how_});
     }
-    r.finish_reason = "length";
-    return r;
+    e.upload_ctl(s, req);
+    lp_ = s.parity;
   }
-  const Choice how = choice_for(req.sampling);
-  for (int p = 0; p < 2; ++p) {  // capture before anything is queued
-    graph(s, {Graph::Step, p, how});
-    graph(s, {Graph::Choose, p, how});
-  }
-  upload_ctl(s, req);
-  const int64_t V = weights_->config.vocab_size;
-  volatile int* host_tok = ws_->host_tokens.host<int>();
-  constexpr int32_t kNone = -1, kPrevious = -2;
-  struct Item { int32_t fed; int slot; };
-  std::deque<Item> inflight;
-  int lp = s.parity;  // parity of the next feeding step
-  auto launch_feed = [&](int32_t fed) {
-    run(graph(s, {Graph::Step, lp, how}));
-    check(cudaEventRecord(events_[1 - lp], stream_), "cudaEventRecord");
-    inflight.push_back({fed, 1 - lp});
-    lp ^= 1;
-  };
-
-  int64_t fed_after_first = s.position();
-  if (s.pending >= 0) {
-    staging_[0] = s.pending;
-    check(cudaMemcpyAsync(ws_->tok_slots + lp, staging_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-          "cudaMemcpyAsync (token)");
-    launch_feed(s.pending);
-    ++fed_after_first;
-  } else {
-    run(graph(s, {Graph::Choose, lp, how}));
-    check(cudaEventRecord(events_[lp], stream_), "cudaEventRecord");
-    inflight.push_back({kNone, lp});
-  }
-  if (req.max_tokens > 1 && fed_after_first + 1 < s.max_context) launch_feed(kPrevious);
-
-  int32_t last = -1;
-  try {
-    for (;;) {
-      const Item it = inflight.front();
-      inflight.pop_front();
-      check(cudaEventSynchronize(events_[it.slot]), "decode step");
-      const int32_t tok = host_tok[it.slot];
-      if (it.fed != kNone) {  // accept the step: its token is now fed
-        s.tokens.push_back(it.fed == kPrevious ? last : it.fed);
-        s.pending = -1;
-        s.parity ^= 1;
-      }
-      last = tok;
-      ++r.n_tokens;
-      const bool keep_going = on_token(tok);
-      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
-        s.pending = tok;
-        r.finish_reason = "stop";
-        break;
-      }
-      if (r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context) {
-        s.pending = tok;
-        r.finish_reason = "length";
-        break;
-      }
-      if (!keep_going) {  // after the natural ends, whose reason wins (TokenCallback)
-        s.pending = tok;
-        r.finish_reason = "cancelled";
-        break;
-      }
-      if (inflight.empty()) launch_feed(kPrevious);
-      if (r.n_tokens + 1 < req.max_tokens && s.position() + 2 < s.max_context) launch_feed(kPrevious);
+  int depth() const override { return 2; }
+  void feed(int32_t token) override {
+    if (token != kPrevious) {  // else the graph reads the slot the step before chose into
+      e_.staging_[0] = token;
+      check(cudaMemcpyAsync(e_.ws_->tok_slots + lp_, e_.staging_, sizeof(int32_t), cudaMemcpyHostToDevice, e_.stream_),
+            "cudaMemcpyAsync (token)");
     }
-  } catch (...) {  // on the decode stream, so later work on it sees the rewritten values
-    cudaStreamSynchronize(stream_);
-    const int pos = static_cast<int>(s.position());
-    cudaMemcpyAsync(s.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice, stream_);
-    cudaMemsetAsync(&ws_->ctl->halt, 0, sizeof(int), stream_);
-    cudaStreamSynchronize(stream_);
-    throw;
+    e_.run(e_.graph(s_, {Graph::Step, lp_, how_}));
+    check(cudaEventRecord(e_.events_[1 - lp_], e_.stream_), "cudaEventRecord");
+    slots_.push_back(1 - lp_);
+    lp_ ^= 1;
   }
-  // An unaccepted step may have advanced the device position: rewrite it.
-  check(cudaStreamSynchronize(stream_), "decode loop");
-  staging_[0] = static_cast<int32_t>(s.position());
-  check(cudaMemcpyAsync(s.dev.pos, staging_, sizeof(int), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (position)");
-  check(cudaMemsetAsync(&ws_->ctl->halt, 0, sizeof(int), stream_), "cudaMemsetAsync (halt)");
-  s.last_logits.resize(V);
-  check(cudaMemcpyAsync(s.last_logits.data(), s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync (logits)");
-  check(cudaStreamSynchronize(stream_), "decode loop end");
+  void choose() override {
+    e_.run(e_.graph(s_, {Graph::Choose, lp_, how_}));
+    check(cudaEventRecord(e_.events_[lp_], e_.stream_), "cudaEventRecord");
+    slots_.push_back(lp_);
+  }
+  int32_t next_token() override {
+    const int slot = slots_.front();
+    slots_.pop_front();
+    check(cudaEventSynchronize(e_.events_[slot]), "decode step");
+    return static_cast<volatile int*>(e_.ws_->host_tokens.host<int>())[slot];  // written by the device
+  }
+  void accept() override { s_.parity ^= 1; }
+  // An unaccepted step may have advanced the device position: rewrite it, clear the halt
+  // flag, and bring the accepted logits to the host.
+  void finish(Session&) override {
+    check(cudaStreamSynchronize(e_.stream_), "decode loop");
+    e_.staging_[0] = static_cast<int32_t>(s_.position());
+    check(cudaMemcpyAsync(s_.dev.pos, e_.staging_, sizeof(int), cudaMemcpyHostToDevice, e_.stream_),
+          "cudaMemcpyAsync (position)");
+    check(cudaMemsetAsync(&e_.ws_->ctl->halt, 0, sizeof(int), e_.stream_), "cudaMemsetAsync (halt)");
+    const int64_t V = e_.weights_->config.vocab_size;
+    s_.last_logits.resize(V);
+    check(cudaMemcpyAsync(s_.last_logits.data(), s_.dev.logits[s_.parity], V * 4, cudaMemcpyDeviceToHost, e_.stream_),
+          "cudaMemcpyAsync (logits)");
+    check(cudaStreamSynchronize(e_.stream_), "decode loop end");
 #ifdef LILY_CUDA_TIMELINE
-  dump_timeline();
+    e_.dump_timeline();
 #endif
-  return r;
+  }
+  // The same without checks, on the decode stream, so later work on it sees the rewritten values.
+  void abort(Session&) noexcept override {
+    cudaStreamSynchronize(e_.stream_);
+    const int pos = static_cast<int>(s_.position());
+    cudaMemcpyAsync(s_.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice, e_.stream_);
+    cudaMemsetAsync(&e_.ws_->ctl->halt, 0, sizeof(int), e_.stream_);
+    cudaStreamSynchronize(e_.stream_);
+  }
+
+ private:
+  CudaExecutor& e_;
+  CudaSession& s_;
+  const Choice how_;
+  int lp_;                // parity of the next feeding step
+  std::deque<int> slots_;  // the token slot each queued step chooses into, oldest first
+};
+
+std::unique_ptr<StepQueue> CudaExecutor::decode_steps(Session& s, const GenerateRequest& req) {
+  return std::make_unique<Steps>(*this, cs(s), req);
 }
 
 #ifdef LILY_CUDA_TIMELINE
