@@ -176,47 +176,47 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   return y;
 }
 
-std::tuple<Out<float>, Out<float>> causal_conv_silu(In<float> x, In<float> w, In<float> state) {
-  need(x, {-1, -1}, "causal_conv_silu", "x [T, C]");
+std::tuple<Out<float>, Out<float>> gated_delta_conv(In<float> x, In<float> w, In<float> state) {
+  need(x, {-1, -1}, "gated_delta_conv", "x [T, C]");
   const int64_t T = x.shape(0), C = x.shape(1);
-  need(w, {C, -1}, "causal_conv_silu", "w [C, Kc]");
+  need(w, {C, -1}, "gated_delta_conv", "w [C, Kc]");
   const int64_t Kc = w.shape(1);
-  need(state, {Kc - 1, C}, "causal_conv_silu", "state [Kc-1, C]");
+  need(state, {Kc - 1, C}, "gated_delta_conv", "state [Kc-1, C]");
   auto [y, yp] = new_array<float>(shape_of(x));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   nb::gil_scoped_release nogil;
-  cpu::causal_conv_silu(x.data(), T, C, w.data(), Kc, sp, yp);
+  cpu::gated_delta_conv(x.data(), T, C, w.data(), Kc, sp, yp);
   return {y, s};
 }
 
-std::tuple<Out<float>, Out<float>> gdn_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
-  need(a, {-1, -1}, "gdn_gates", "a [T, Hv]");
+std::tuple<Out<float>, Out<float>> gated_delta_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
+  need(a, {-1, -1}, "gated_delta_gates", "a [T, Hv]");
   const int64_t T = a.shape(0), Hv = a.shape(1);
-  need(b, {T, Hv}, "gdn_gates", "b");
-  need(A_log, {Hv}, "gdn_gates", "A_log");
-  need(dt_bias, {Hv}, "gdn_gates", "dt_bias");
+  need(b, {T, Hv}, "gated_delta_gates", "b");
+  need(A_log, {Hv}, "gated_delta_gates", "A_log");
+  need(dt_bias, {Hv}, "gated_delta_gates", "dt_bias");
   auto [g, gp] = new_array<float>(shape_of(a));
   auto [beta, bp] = new_array<float>(shape_of(a));
-  cpu::gdn_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
+  cpu::gated_delta_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
   return {g, beta};
 }
 
-std::tuple<Out<float>, Out<float>> gated_delta_rule(In<float> q, In<float> k, In<float> v, In<float> g,
-                                                    In<float> beta, In<float> state) {
-  need(q, {-1, -1, -1}, "gated_delta_rule", "q [T, Hk, Dk]");
+std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
+                                               In<float> state) {
+  need(q, {-1, -1, -1}, "gated_delta", "q [T, Hk, Dk]");
   const int64_t T = q.shape(0), Hk = q.shape(1), Dk = q.shape(2);
-  need(k, {T, Hk, Dk}, "gated_delta_rule", "k");
-  need(v, {T, -1, -1}, "gated_delta_rule", "v [T, Hv, Dv]");
+  need(k, {T, Hk, Dk}, "gated_delta", "k");
+  need(v, {T, -1, -1}, "gated_delta", "v [T, Hv, Dv]");
   const int64_t Hv = v.shape(1), Dv = v.shape(2);
-  need(g, {T, Hv}, "gated_delta_rule", "g");
-  need(beta, {T, Hv}, "gated_delta_rule", "beta");
-  need(state, {Hv, Dk, Dv}, "gated_delta_rule", "state");
+  need(g, {T, Hv}, "gated_delta", "g");
+  need(beta, {T, Hv}, "gated_delta", "beta");
+  need(state, {Hv, Dk, Dv}, "gated_delta", "state");
   auto [o, op] = new_array<float>(shape_of(v));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   nb::gil_scoped_release nogil;
-  cpu::gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
+  cpu::gated_delta(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
   return {o, s};
 }
 
@@ -280,11 +280,12 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
   return y;
 }
 
-std::tuple<Out<float>, Out<float>, Out<float>> gdn_mixer(In<float> x, nb::dict weights, In<float> conv_state,
-                                                         In<float> recurrent_state, int64_t num_key_heads,
-                                                         int64_t num_value_heads, int64_t key_head_dim,
-                                                         int64_t value_head_dim, float eps) {
-  const char* op = "gdn_mixer";
+std::tuple<Out<float>, Out<float>, Out<float>> gated_delta_mixer(In<float> x, nb::dict weights,
+                                                                 In<float> conv_state, In<float> recurrent_state,
+                                                                 int64_t num_key_heads, int64_t num_value_heads,
+                                                                 int64_t key_head_dim, int64_t value_head_dim,
+                                                                 float eps) {
+  const char* op = "gated_delta_mixer";
   PyQWeight qkv = qweight_from(weights, "in_proj_qkv", op), z = qweight_from(weights, "in_proj_z", op),
             b = qweight_from(weights, "in_proj_b", op), a = qweight_from(weights, "in_proj_a", op),
             out_proj = qweight_from(weights, "out_proj", op);
@@ -321,7 +322,7 @@ std::tuple<Out<float>, Out<float>, Out<float>> gdn_mixer(In<float> x, nb::dict w
   {
     nb::gil_scoped_release nogil;
     cpu::GdnBuffers buf;
-    cpu::gdn_mixer(w, c, x.data(), T, state, buf, yp);
+    cpu::gated_delta_mixer(w, c, x.data(), T, state, buf, yp);
   }
   std::copy(state.conv.begin(), state.conv.end(), csp);
   std::copy(state.recurrent.begin(), state.recurrent.end(), rsp);
@@ -400,11 +401,11 @@ void register_ops(nb::module_& m) {
   ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), "x * rsqrt(sum(x^2) + eps) * scale");
   ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
           "partial NeoX RoPE of x [T, heads, head_dim] at positions pos0..");
-  ops.def("causal_conv_silu", &causal_conv_silu, nb::arg("x"), nb::arg("w"), nb::arg("state"),
+  ops.def("gated_delta_conv", &gated_delta_conv, nb::arg("x"), nb::arg("w"), nb::arg("state"),
           "(silu(causal depthwise conv of x [T, C]), new state [Kc-1, C])");
-  ops.def("gdn_gates", &gdn_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
+  ops.def("gated_delta_gates", &gated_delta_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
           "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
-  ops.def("gated_delta_rule", &gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+  ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
           nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
   ops.def("causal_attention", &causal_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
@@ -415,7 +416,7 @@ void register_ops(nb::module_& m) {
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
           "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj, "
           "shared_up_proj, shared_down_proj, shared_expert_gate");
-  ops.def("gdn_mixer", &gdn_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
+  ops.def("gated_delta_mixer", &gated_delta_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
           nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
           nb::arg("value_head_dim"), nb::arg("eps"),
           "(out, conv_state, recurrent_state) of one Gated DeltaNet mixer; weights: in_proj_qkv, in_proj_z, "

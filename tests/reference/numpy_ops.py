@@ -125,7 +125,7 @@ def rope(x, rotary_dim, pos0, theta) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def causal_conv_silu(x, w, state):
+def gated_delta_conv(x, w, state):
     """silu(causal depthwise conv) of x [T, C] with w [C, Kc] (tap Kc-1 = current token),
     state [Kc-1, C] the rows before x. Returns (y [T, C], new state)."""
     x, w, state = np.asarray(x, F64), np.asarray(w, F64), np.asarray(state, F64)
@@ -135,14 +135,14 @@ def causal_conv_silu(x, w, state):
     return silu(y).astype(np.float32), u[T:].astype(np.float32)
 
 
-def gdn_gates(a, b, A_log, dt_bias):
+def gated_delta_gates(a, b, A_log, dt_bias):
     """(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)), both [T, Hv]."""
     a, b = np.asarray(a, F64), np.asarray(b, F64)
     g = -np.exp(np.asarray(A_log, F64)) * softplus(a + np.asarray(dt_bias, F64))
     return g.astype(np.float32), sigmoid(b).astype(np.float32)
 
 
-def gated_delta_rule(q, k, v, g, beta, state):
+def gated_delta(q, k, v, g, beta, state):
     """The recurrence of MODEL.md §4.5 step 7, token by token. q, k [T, Hk, Dk] (normalised),
     v [T, Hv, Dv], g, beta [T, Hv], state [Hv, Dk, Dv]. Returns (o [T, Hv, Dv], state)."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
@@ -163,7 +163,7 @@ def gated_delta_rule(q, k, v, g, beta, state):
 
 def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
     """The same recurrence in the chunked (WY) form of MODEL.md §5, C tokens at a time;
-    equal to gated_delta_rule in exact arithmetic. Same arguments and results."""
+    equal to gated_delta in exact arithmetic. Same arguments and results."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
     g, beta, S = np.asarray(g, F64), np.asarray(beta, F64), np.asarray(state, F64).copy()
     T, Hk = q.shape[:2]
@@ -244,8 +244,8 @@ def moe_block(x, weights: dict, top_k: int, norm_topk_prob: bool):
     return (out + gate * shared).astype(np.float32)
 
 
-def gdn_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads, key_head_dim,
-              value_head_dim, eps):
+def gated_delta_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads,
+                      key_head_dim, value_head_dim, eps):
     """One Gated DeltaNet mixer (MODEL.md §4.5). Returns (out, conv_state, recurrent_state)."""
     T = x.shape[0]
     Hk, Hv, Dk, Dv = num_key_heads, num_value_heads, key_head_dim, value_head_dim
@@ -253,13 +253,13 @@ def gdn_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_
     z = qmatmul(x, weights["in_proj_z"]).reshape(T, Hv, Dv)
     b = qmatmul(x, weights["in_proj_b"])
     a = qmatmul(x, weights["in_proj_a"])
-    c, conv_state = causal_conv_silu(mixed, weights["conv1d"], conv_state)
+    c, conv_state = gated_delta_conv(mixed, weights["conv1d"], conv_state)
     kd = Hk * Dk
     q = l2norm(c[:, :kd].reshape(T, Hk, Dk), 1e-6, Dk ** -0.5)
     k = l2norm(c[:, kd:2 * kd].reshape(T, Hk, Dk), 1e-6, 1.0)
     v = c[:, 2 * kd:].reshape(T, Hv, Dv)
-    g, beta = gdn_gates(a, b, weights["A_log"], weights["dt_bias"])
-    o, recurrent_state = gated_delta_rule(q, k, v, g, beta, recurrent_state)
+    g, beta = gated_delta_gates(a, b, weights["A_log"], weights["dt_bias"])
+    o, recurrent_state = gated_delta(q, k, v, g, beta, recurrent_state)
     o = gated_rmsnorm(o, z, weights["norm"], eps).reshape(T, Hv * Dv)
     return qmatmul(o, weights["out_proj"]), conv_state, recurrent_state
 

@@ -40,8 +40,8 @@ struct MoeBuffers {
 
 // Gated DeltaNet (§4.5): projections, causal conv + SiLU, l2-normalised q/k, the delta
 // rule over the chunk, gated RMSNorm, out_proj. state carries across chunks.
-void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-               GdnBuffers& buf, float* out);
+void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
+                       GdnBuffers& buf, float* out);
 
 // Gated full attention (§4.4) for tokens at positions pos0 .. pos0+T-1; the cache must
 // hold exactly pos0 positions and gains T.
