@@ -246,24 +246,24 @@ def test_gated_delta_refuses_bad_heads(rng):
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hq,Hkv,D", [(3, 1, 64), (6, 2, 32), (6, 6, 48), (16, 2, 256)])
 @pytest.mark.parametrize("pos0", [0, 5, 100])
-def test_causal_attention(rng, T, Hq, Hkv, D, pos0):
+def test_attention(rng, T, Hq, Hkv, D, pos0):
     L = pos0 + T
     q, k, v = randn(rng, T, Hq, D), randn(rng, L, Hkv, D), randn(rng, L, Hkv, D)
-    got = ops.causal_attention(q, k, v, D**-0.5)
-    assert rel_err(got, ref.causal_attention(q, k, v, D**-0.5)) < 2e-6
+    got = ops.attention(q, k, v, D**-0.5)
+    assert rel_err(got, ref.attention(q, k, v, D**-0.5)) < 2e-6
 
 
-def test_causal_attention_chunked_equals_one_shot(rng):
+def test_attention_chunked_equals_one_shot(rng):
     T, Hq, Hkv, D = 130, 6, 2, 64
     q, k, v = randn(rng, T, Hq, D), randn(rng, T, Hkv, D), randn(rng, T, Hkv, D)
-    full = ops.causal_attention(q, k, v, 0.125)
-    parts = [ops.causal_attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
+    full = ops.attention(q, k, v, 0.125)
+    parts = [ops.attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
     np.testing.assert_array_equal(np.concatenate(parts), full)
 
 
-def test_causal_attention_large_scores_are_stable(rng):
+def test_attention_large_scores_are_stable(rng):
     q, k, v = randn(rng, 7, 3, 64, scale=30.0), randn(rng, 7, 1, 64, scale=30.0), randn(rng, 7, 1, 64)
-    assert rel_err(ops.causal_attention(q, k, v, 1.0), ref.causal_attention(q, k, v, 1.0)) < 2e-6
+    assert rel_err(ops.attention(q, k, v, 1.0), ref.attention(q, k, v, 1.0)) < 2e-6
 
 
 # ---- MoE -------------------------------------------------------------------------------------

@@ -220,17 +220,16 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   return {o, s};
 }
 
-Out<float> causal_attention(In<float> q, In<float> k, In<float> v, float scale) {
-  need(q, {-1, -1, -1}, "causal_attention", "q [T, Hq, D]");
+Out<float> attention(In<float> q, In<float> k, In<float> v, float scale) {
+  need(q, {-1, -1, -1}, "attention", "q [T, Hq, D]");
   const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
-  need(k, {-1, -1, D}, "causal_attention", "k [L, Hkv, D]");
+  need(k, {-1, -1, D}, "attention", "k [L, Hkv, D]");
   const int64_t L = k.shape(0), Hkv = k.shape(1);
-  need(v, {L, Hkv, D}, "causal_attention", "v");
-  if (L < T) fail("causal_attention: the cache holds ", std::to_string(L), " positions, fewer than T = ",
-                  std::to_string(T));
+  need(v, {L, Hkv, D}, "attention", "v");
+  if (L < T) fail("attention: the cache holds ", std::to_string(L), " positions, fewer than T = ", std::to_string(T));
   auto [o, op] = new_array<float>(shape_of(q));
   nb::gil_scoped_release nogil;
-  cpu::causal_attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
+  cpu::attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
   return o;
 }
 
@@ -407,7 +406,7 @@ void register_ops(nb::module_& m) {
           "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
   ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
           nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
-  ops.def("causal_attention", &causal_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+  ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
   ops.def("route_topk", &route_topk, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");

@@ -187,7 +187,7 @@ def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
     return o.astype(np.float32), S.astype(np.float32)
 
 
-def causal_attention(q, k, v, scale):
+def attention(q, k, v, scale):
     """Causal GQA: q [T, Hq, D] are the last T of L = k.shape[0] positions; k, v [L, Hkv, D];
     query head h reads KV head h // (Hq/Hkv)."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
@@ -278,5 +278,5 @@ def attention_mixer(x, weights: dict, k_cache, v_cache, num_heads, num_kv_heads,
     k = rope(rmsnorm(k, weights["k_norm"], eps), R, pos0, rope_theta)
     k_cache = np.concatenate([k_cache, k]).astype(np.float32)
     v_cache = np.concatenate([v_cache, v]).astype(np.float32)
-    o = causal_attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
+    o = attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
     return qmatmul(o.reshape(T, Hq * D), weights["o_proj"]), k_cache, v_cache

@@ -66,8 +66,8 @@ void gated_delta(const float* q, const float* k, const float* v, const float* g,
 
 // Causal GQA: out[t, h] = softmax_j(scale * q[t, h] . k[j, h']) v[j, h'] over j <= pos0 + t,
 // with h' = h / (Hq/Hkv). q, out [T, Hq, D]; k, v [pos0 + T, Hkv, D] (cache incl. this chunk).
-void causal_attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq,
-                      int64_t Hkv, int64_t D, float scale, float* out);
+void attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv,
+               int64_t D, float scale, float* out);
 
 // Router: p = softmax(logits[t]) over E in fp32, the K largest p (ties: lower expert
 // first) into experts/weights [T, K], weights divided by their sum when renormalize.
