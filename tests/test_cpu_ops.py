@@ -271,29 +271,29 @@ def test_attention_large_scores_are_stable(rng):
 
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_route_topk(rng, T, renormalize):
+def test_moe_router(rng, T, renormalize):
     logits = randn(rng, T, 64, scale=2.0)
-    experts, w = ops.route_topk(logits, 8, renormalize)
-    e_ref, w_ref = ref.route_topk(logits, 8, renormalize)
+    experts, w = ops.moe_router(logits, 8, renormalize)
+    e_ref, w_ref = ref.moe_router(logits, 8, renormalize)
     np.testing.assert_array_equal(experts, e_ref)
     assert rel_err(w, w_ref) < 1e-6
 
 
-def test_route_topk_ties_take_the_lower_expert(rng):
+def test_moe_router_ties_take_the_lower_expert(rng):
     logits = np.zeros((2, 16), np.float32)
     logits[0, [3, 9, 12]] = 1.0
-    experts, w = ops.route_topk(logits, 4, True)
+    experts, w = ops.moe_router(logits, 4, True)
     np.testing.assert_array_equal(experts[0], [3, 9, 12, 0])
     np.testing.assert_array_equal(experts[1], [0, 1, 2, 3])
     np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("T", TOKENS)
-def test_swiglu_mlp(rng, T):
+def test_moe_experts(rng, T):
     gate, up = ref.random_qweight(rng, 96, 128), ref.random_qweight(rng, 96, 128)
     down = ref.random_qweight(rng, 128, 96, group_size=32)
     x = randn(rng, T, 128)
-    assert rel_err(ops.swiglu_mlp(x, gate, up, down), ref.swiglu_mlp(x, gate, up, down)) < 2e-6
+    assert rel_err(ops.moe_experts(x, gate, up, down), ref.moe_experts(x, gate, up, down)) < 2e-6
 
 
 def moe_weights(rng, H=128, E=16, I=64, Is=96):

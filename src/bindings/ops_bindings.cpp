@@ -233,25 +233,25 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale) {
   return o;
 }
 
-std::tuple<Out<int32_t>, Out<float>> route_topk(In<float> logits, int64_t top_k, bool renormalize) {
-  need(logits, {-1, -1}, "route_topk", "logits [T, E]");
+std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k, bool renormalize) {
+  need(logits, {-1, -1}, "moe_router", "logits [T, E]");
   const int64_t T = logits.shape(0), E = logits.shape(1);
   const std::vector<size_t> shape{static_cast<size_t>(T), static_cast<size_t>(std::max<int64_t>(top_k, 0))};
   auto [ids, ip] = new_array<int32_t>(shape);
   auto [w, wp] = new_array<float>(shape);
-  cpu::route_topk(logits.data(), T, E, top_k, renormalize, ip, wp);
+  cpu::moe_router(logits.data(), T, E, top_k, renormalize, ip, wp);
   return {ids, w};
 }
 
-Out<float> swiglu_mlp(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
-  PyQWeight g(gate, "swiglu_mlp", "gate"), u(up, "swiglu_mlp", "up"), d(down, "swiglu_mlp", "down");
-  need(x, {-1, g.w.cols}, "swiglu_mlp", "x");
+Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
+  PyQWeight g(gate, "moe_experts", "gate"), u(up, "moe_experts", "up"), d(down, "moe_experts", "down");
+  need(x, {-1, g.w.cols}, "moe_experts", "x");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(d.w.rows)});
   nb::gil_scoped_release nogil;
-  const cpu::SwigluMlp mlp{x.data(), T, g.w, u.w, d.w, yp};
+  const cpu::MoeExpert expert{x.data(), T, g.w, u.w, d.w, yp};
   std::vector<float> scratch;
-  cpu::swiglu_mlps({&mlp, 1}, scratch);
+  cpu::moe_experts({&expert, 1}, scratch);
   return y;
 }
 
@@ -408,10 +408,10 @@ void register_ops(nb::module_& m) {
           nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
-  ops.def("route_topk", &route_topk, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
+  ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
-  ops.def("swiglu_mlp", &swiglu_mlp, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
-          "down(silu(x gate^T) * (x up^T))");
+  ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+          "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
           "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj, "
           "shared_up_proj, shared_down_proj, shared_expert_gate");

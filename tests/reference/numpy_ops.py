@@ -203,7 +203,7 @@ def attention(q, k, v, scale):
     return np.einsum("htl,lhd->thd", p, vh).astype(np.float32)
 
 
-def route_topk(logits, top_k, renormalize):
+def moe_router(logits, top_k, renormalize):
     """softmax over E, the top_k experts by probability (ties: lower index first), their
     probabilities renormalised to sum 1 when asked. Returns (experts int32, weights)."""
     x = np.asarray(logits, F64)
@@ -216,8 +216,8 @@ def route_topk(logits, top_k, renormalize):
     return experts.astype(np.int32), w.astype(np.float32)
 
 
-def swiglu_mlp(x, gate, up, down):
-    """down(silu(x gate^T) * (x up^T))."""
+def moe_experts(x, gate, up, down):
+    """One expert's SwiGLU MLP (routed or shared): down(silu(x gate^T) * (x up^T))."""
     x = np.asarray(x, F64)
     g = x @ dequantize(gate).astype(F64).T
     u = x @ dequantize(up).astype(F64).T
@@ -232,14 +232,14 @@ def _expert(qw, e):
 def moe_block(x, weights: dict, top_k: int, norm_topk_prob: bool):
     """Routed experts weighted by the router plus the sigmoid-gated shared expert."""
     x = np.asarray(x, np.float32)
-    experts, w = route_topk(qmatmul(x, weights["router"]), top_k, norm_topk_prob)
+    experts, w = moe_router(qmatmul(x, weights["router"]), top_k, norm_topk_prob)
     out = np.zeros(x.shape, F64)
     for t in range(x.shape[0]):
         for e, we in zip(experts[t], w[t]):
-            y = swiglu_mlp(x[t:t + 1], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
-                           _expert(weights["down_proj"], e))
+            y = moe_experts(x[t:t + 1], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
+                            _expert(weights["down_proj"], e))
             out[t] += F64(we) * y[0]
-    shared = swiglu_mlp(x, weights["shared_gate_proj"], weights["shared_up_proj"], weights["shared_down_proj"])
+    shared = moe_experts(x, weights["shared_gate_proj"], weights["shared_up_proj"], weights["shared_down_proj"])
     gate = sigmoid(qmatmul(x, weights["shared_expert_gate"]).astype(F64))
     return (out + gate * shared).astype(np.float32)
 

@@ -35,7 +35,7 @@ struct MoeBuffers {
   std::vector<float> logits, weights, x_sorted, y_sorted, mlp_scratch, shared, shared_gate;
   std::vector<int32_t> experts, slots_by_expert;
   std::vector<int64_t> expert_begin;
-  std::vector<SwigluMlp> mlps;
+  std::vector<MoeExpert> mlps;
 };
 
 // Gated DeltaNet (§4.5): projections, causal conv + SiLU, l2-normalised q/k, the delta

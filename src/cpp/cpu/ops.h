@@ -71,11 +71,11 @@ void attention(const float* q, const float* k, const float* v, int64_t T, int64_
 
 // Router: p = softmax(logits[t]) over E in fp32, the K largest p (ties: lower expert
 // first) into experts/weights [T, K], weights divided by their sum when renormalize.
-void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
+void moe_router(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
                 float* weights);
 
 // The SwiGLU MLP of one expert: y[T, H] = down(silu(x gate^T) * (x up^T)), gate/up [I, H].
-struct SwigluMlp {
+struct MoeExpert {
   const float* x;
   int64_t T;
   QWeight gate, up, down;
@@ -84,6 +84,6 @@ struct SwigluMlp {
 
 // Several experts' MLPs at once: their gate and up products in one parallel loop, their
 // down products in another. scratch grows to 2 * sum(T * I) floats.
-void swiglu_mlps(std::span<const SwigluMlp> mlps, std::vector<float>& scratch);
+void moe_experts(std::span<const MoeExpert> mlps, std::vector<float>& scratch);
 
 }  // namespace lily::cpu
