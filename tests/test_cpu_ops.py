@@ -143,81 +143,81 @@ def test_rope_refuses_odd_rotary_dim(rng):
 
 @pytest.mark.parametrize("T", [1, 2, 7, 63, 130])
 @pytest.mark.parametrize("Kc", [4, 2])
-def test_causal_conv_silu(rng, T, Kc):
+def test_gated_delta_conv(rng, T, Kc):
     C = 40
     x, w, state = randn(rng, T, C), randn(rng, C, Kc, scale=0.5), randn(rng, Kc - 1, C)
-    y, new_state = ops.causal_conv_silu(x, w, state)
-    y_ref, state_ref = ref.causal_conv_silu(x, w, state)
+    y, new_state = ops.gated_delta_conv(x, w, state)
+    y_ref, state_ref = ref.gated_delta_conv(x, w, state)
     assert rel_err(y, y_ref) < 1e-6
     np.testing.assert_array_equal(new_state, state_ref)
 
 
-def test_causal_conv_chunked_equals_one_shot(rng):
+def test_gated_delta_conv_chunked_equals_one_shot(rng):
     C, Kc, T = 24, 4, 130
     x, w = randn(rng, T, C), randn(rng, C, Kc)
     state = np.zeros((Kc - 1, C), np.float32)
-    full, full_state = ops.causal_conv_silu(x, w, state)
+    full, full_state = ops.gated_delta_conv(x, w, state)
     parts = []
     for a, b in [(0, 1), (1, 3), (3, 10), (10, 11), (11, 130)]:  # chunks shorter than the state too
-        y, state = ops.causal_conv_silu(x[a:b], w, state)
+        y, state = ops.gated_delta_conv(x[a:b], w, state)
         parts.append(y)
     np.testing.assert_array_equal(np.concatenate(parts), full)
     np.testing.assert_array_equal(state, full_state)
 
 
 @pytest.mark.parametrize("T", TOKENS)
-def test_gdn_gates(rng, T):
+def test_gated_delta_gates(rng, T):
     a, b = randn(rng, T, 6, scale=3.0), randn(rng, T, 6, scale=3.0)
     A_log, dt_bias = randn(rng, 6), randn(rng, 6)
     a[0, 0] = 40.0  # softplus far into its linear range
-    g, beta = ops.gdn_gates(a, b, A_log, dt_bias)
-    g_ref, beta_ref = ref.gdn_gates(a, b, A_log, dt_bias)
+    g, beta = ops.gated_delta_gates(a, b, A_log, dt_bias)
+    g_ref, beta_ref = ref.gated_delta_gates(a, b, A_log, dt_bias)
     assert rel_err(g, g_ref) < 1e-6 and rel_err(beta, beta_ref) < 1e-6
 
 
-def gdn_inputs(rng, T, Hk, Hv, Dk, Dv):
-    """Inputs shaped like the model's: l2-normalised q (scaled) and k, gates from gdn_gates."""
+def gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv):
+    """Inputs shaped like the model's: l2-normalised q (scaled) and k, gates from gated_delta_gates."""
     q = ref.l2norm(randn(rng, T, Hk, Dk), 1e-6, Dk**-0.5)
     k = ref.l2norm(randn(rng, T, Hk, Dk), 1e-6, 1.0)
     v = randn(rng, T, Hv, Dv)
-    g, beta = ref.gdn_gates(randn(rng, T, Hv, scale=2.0), randn(rng, T, Hv, scale=2.0), randn(rng, Hv) * 0.5,
-                            randn(rng, Hv))
+    g, beta = ref.gated_delta_gates(randn(rng, T, Hv, scale=2.0), randn(rng, T, Hv, scale=2.0),
+                                    randn(rng, Hv) * 0.5, randn(rng, Hv))
     state = randn(rng, Hv, Dk, Dv, scale=0.1)
     return q, k, v, g, beta, state
 
 
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(1, 1, 16, 32), (2, 4, 32, 16), (3, 6, 128, 128)])
-def test_gated_delta_rule(rng, T, Hk, Hv, Dk, Dv):
-    args = gdn_inputs(rng, T, Hk, Hv, Dk, Dv)
-    o, state = ops.gated_delta_rule(*args)
-    o_ref, state_ref = ref.gated_delta_rule(*args)
+def test_gated_delta(rng, T, Hk, Hv, Dk, Dv):
+    args = gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv)
+    o, state = ops.gated_delta(*args)
+    o_ref, state_ref = ref.gated_delta(*args)
     assert rel_err(o, o_ref) < 1e-5
     assert rel_err(state, state_ref) < 1e-5
 
 
-def test_gated_delta_rule_chunked_equals_one_shot(rng):
-    q, k, v, g, beta, state = gdn_inputs(rng, 130, 2, 4, 32, 32)
-    o_full, s_full = ops.gated_delta_rule(q, k, v, g, beta, state)
+def test_gated_delta_chunked_equals_one_shot(rng):
+    q, k, v, g, beta, state = gated_delta_inputs(rng, 130, 2, 4, 32, 32)
+    o_full, s_full = ops.gated_delta(q, k, v, g, beta, state)
     parts = []
     for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
-        o, state = ops.gated_delta_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state)
+        o, state = ops.gated_delta(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state)
         parts.append(o)
     np.testing.assert_array_equal(np.concatenate(parts), o_full)
     np.testing.assert_array_equal(state, s_full)
 
 
-def test_gated_delta_rule_512_decode_steps(rng):
+def test_gated_delta_512_decode_steps(rng):
     """Token-by-token decode over 512 steps stays on the fp32 sequential reference."""
     T, Hk, Hv, Dk, Dv = 512, 2, 4, 128, 128
-    q, k, v, g, beta, state = gdn_inputs(rng, T, Hk, Hv, Dk, Dv)
+    q, k, v, g, beta, state = gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv)
     state[:] = 0
     outs = []
     s = state
     for t in range(T):
-        o, s = ops.gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
+        o, s = ops.gated_delta(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
         outs.append(o)
-    o_ref, s_ref = ref.gated_delta_rule(q, k, v, g, beta, state)
+    o_ref, s_ref = ref.gated_delta(q, k, v, g, beta, state)
     o = np.concatenate(outs)
     assert rel_err(o, o_ref) < 1e-5
     assert rel_err(s, s_ref) < 1e-5
@@ -226,18 +226,18 @@ def test_gated_delta_rule_512_decode_steps(rng):
 
 
 @pytest.mark.parametrize("T", [1, 63, 130])
-def test_reference_chunked_gdn_equals_sequential(rng, T):
+def test_reference_gated_delta_chunked_equals_sequential(rng, T):
     """MODEL.md §5's chunked form (the prefill path of the GPU executors) against §4.5."""
-    args = gdn_inputs(rng, T, 2, 4, 16, 8)
-    o_seq, s_seq = ref.gated_delta_rule(*args)
+    args = gated_delta_inputs(rng, T, 2, 4, 16, 8)
+    o_seq, s_seq = ref.gated_delta(*args)
     o_chunk, s_chunk = ref.gated_delta_chunked(*args, chunk=64)
     assert rel_err(o_chunk, o_seq) < 1e-6 and rel_err(s_chunk, s_seq) < 1e-6
 
 
-def test_gated_delta_rule_refuses_bad_heads(rng):
-    q, k, v, g, beta, state = gdn_inputs(rng, 3, 2, 4, 16, 16)
-    with pytest.raises(Exception, match="gated_delta_rule"):
-        ops.gated_delta_rule(q, k, v[:, :3], g[:, :3], beta[:, :3], state[:3])
+def test_gated_delta_refuses_bad_heads(rng):
+    q, k, v, g, beta, state = gated_delta_inputs(rng, 3, 2, 4, 16, 16)
+    with pytest.raises(Exception, match="gated_delta"):
+        ops.gated_delta(q, k, v[:, :3], g[:, :3], beta[:, :3], state[:3])
 
 
 # ---- attention --------------------------------------------------------------------------------
@@ -246,24 +246,24 @@ def test_gated_delta_rule_refuses_bad_heads(rng):
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hq,Hkv,D", [(3, 1, 64), (6, 2, 32), (6, 6, 48), (16, 2, 256)])
 @pytest.mark.parametrize("pos0", [0, 5, 100])
-def test_causal_attention(rng, T, Hq, Hkv, D, pos0):
+def test_attention(rng, T, Hq, Hkv, D, pos0):
     L = pos0 + T
     q, k, v = randn(rng, T, Hq, D), randn(rng, L, Hkv, D), randn(rng, L, Hkv, D)
-    got = ops.causal_attention(q, k, v, D**-0.5)
-    assert rel_err(got, ref.causal_attention(q, k, v, D**-0.5)) < 2e-6
+    got = ops.attention(q, k, v, D**-0.5)
+    assert rel_err(got, ref.attention(q, k, v, D**-0.5)) < 2e-6
 
 
-def test_causal_attention_chunked_equals_one_shot(rng):
+def test_attention_chunked_equals_one_shot(rng):
     T, Hq, Hkv, D = 130, 6, 2, 64
     q, k, v = randn(rng, T, Hq, D), randn(rng, T, Hkv, D), randn(rng, T, Hkv, D)
-    full = ops.causal_attention(q, k, v, 0.125)
-    parts = [ops.causal_attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
+    full = ops.attention(q, k, v, 0.125)
+    parts = [ops.attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
     np.testing.assert_array_equal(np.concatenate(parts), full)
 
 
-def test_causal_attention_large_scores_are_stable(rng):
+def test_attention_large_scores_are_stable(rng):
     q, k, v = randn(rng, 7, 3, 64, scale=30.0), randn(rng, 7, 1, 64, scale=30.0), randn(rng, 7, 1, 64)
-    assert rel_err(ops.causal_attention(q, k, v, 1.0), ref.causal_attention(q, k, v, 1.0)) < 2e-6
+    assert rel_err(ops.attention(q, k, v, 1.0), ref.attention(q, k, v, 1.0)) < 2e-6
 
 
 # ---- MoE -------------------------------------------------------------------------------------
@@ -271,29 +271,29 @@ def test_causal_attention_large_scores_are_stable(rng):
 
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_route_topk(rng, T, renormalize):
+def test_moe_router(rng, T, renormalize):
     logits = randn(rng, T, 64, scale=2.0)
-    experts, w = ops.route_topk(logits, 8, renormalize)
-    e_ref, w_ref = ref.route_topk(logits, 8, renormalize)
+    experts, w = ops.moe_router(logits, 8, renormalize)
+    e_ref, w_ref = ref.moe_router(logits, 8, renormalize)
     np.testing.assert_array_equal(experts, e_ref)
     assert rel_err(w, w_ref) < 1e-6
 
 
-def test_route_topk_ties_take_the_lower_expert(rng):
+def test_moe_router_ties_take_the_lower_expert(rng):
     logits = np.zeros((2, 16), np.float32)
     logits[0, [3, 9, 12]] = 1.0
-    experts, w = ops.route_topk(logits, 4, True)
+    experts, w = ops.moe_router(logits, 4, True)
     np.testing.assert_array_equal(experts[0], [3, 9, 12, 0])
     np.testing.assert_array_equal(experts[1], [0, 1, 2, 3])
     np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("T", TOKENS)
-def test_swiglu_mlp(rng, T):
+def test_moe_experts(rng, T):
     gate, up = ref.random_qweight(rng, 96, 128), ref.random_qweight(rng, 96, 128)
     down = ref.random_qweight(rng, 128, 96, group_size=32)
     x = randn(rng, T, 128)
-    assert rel_err(ops.swiglu_mlp(x, gate, up, down), ref.swiglu_mlp(x, gate, up, down)) < 2e-6
+    assert rel_err(ops.moe_experts(x, gate, up, down), ref.moe_experts(x, gate, up, down)) < 2e-6
 
 
 def moe_weights(rng, H=128, E=16, I=64, Is=96):
@@ -339,7 +339,7 @@ def test_moe_block_refuses_mismatched_experts(rng):
 GDN = dict(num_key_heads=2, num_value_heads=6, key_head_dim=32, value_head_dim=16, eps=1e-6)
 
 
-def gdn_weights(rng, H=128, Hk=2, Hv=6, Dk=32, Dv=16, Kc=4):
+def gated_delta_weights(rng, H=128, Hk=2, Hv=6, Dk=32, Dv=16, Kc=4):
     conv_dim = 2 * Hk * Dk + Hv * Dv
     return {
         "in_proj_qkv": ref.random_qweight(rng, conv_dim, H),
@@ -354,30 +354,30 @@ def gdn_weights(rng, H=128, Hk=2, Hv=6, Dk=32, Dv=16, Kc=4):
     }
 
 
-def gdn_state(rng, conv_dim=224, Kc=4, Hv=6, Dk=32, Dv=16, zero=True):
+def gated_delta_state(rng, conv_dim=224, Kc=4, Hv=6, Dk=32, Dv=16, zero=True):
     f = np.zeros if zero else (lambda s, dtype: randn(rng, *s, scale=0.1))
     return f((Kc - 1, conv_dim), dtype=np.float32), f((Hv, Dk, Dv), dtype=np.float32)
 
 
 @pytest.mark.parametrize("T", TOKENS)
-def test_gdn_mixer(rng, T):
-    w = gdn_weights(rng)
+def test_gated_delta_mixer(rng, T):
+    w = gated_delta_weights(rng)
     x = randn(rng, T, 128)
-    conv, rec = gdn_state(rng, zero=False)
-    got = ops.gdn_mixer(x, w, conv, rec, **GDN)
-    want = ref.gdn_mixer(x, w, conv, rec, **GDN)
+    conv, rec = gated_delta_state(rng, zero=False)
+    got = ops.gated_delta_mixer(x, w, conv, rec, **GDN)
+    want = ref.gated_delta_mixer(x, w, conv, rec, **GDN)
     for g, r in zip(got, want):
         assert rel_err(g, r) < 1e-5
 
 
-def test_gdn_mixer_chunked_equals_one_shot(rng):
-    w = gdn_weights(rng)
+def test_gated_delta_mixer_chunked_equals_one_shot(rng):
+    w = gated_delta_weights(rng)
     x = randn(rng, 130, 128)
-    conv, rec = gdn_state(rng)
-    full = ops.gdn_mixer(x, w, conv, rec, **GDN)
+    conv, rec = gated_delta_state(rng)
+    full = ops.gated_delta_mixer(x, w, conv, rec, **GDN)
     parts = []
     for a, b in [(0, 1), (1, 3), (3, 66), (66, 130)]:
-        y, conv, rec = ops.gdn_mixer(x[a:b], w, conv, rec, **GDN)
+        y, conv, rec = ops.gated_delta_mixer(x[a:b], w, conv, rec, **GDN)
         parts.append(y)
     np.testing.assert_array_equal(np.concatenate(parts), full[0])
     np.testing.assert_array_equal(conv, full[1])

@@ -1,6 +1,6 @@
 """The repository's own rules: lily's modules import without cycles, each on its own; no
 tracked file names a path of the machine it was written on; every citation of
-docs/MODEL.md names a section (and step) that exists."""
+docs/MODEL.md names a section (and step) that exists; docs/ops.md's map of the ops is true."""
 
 from __future__ import annotations
 
@@ -208,3 +208,93 @@ def test_a_citation_of_a_missing_section_or_step_is_found():
     text = "MODEL.md §4.4-4.6, §2-3, §4.6 steps 1-2, \\u00a74.4 step 2, §4.4 step 3, §4.7, §3.1\n"
     assert citation_problems({"a.py": text}, sections) == ["a.py:1: §4.4 step 3", "a.py:1: §4.7", "a.py:1: §3.1"]
     assert citation_problems({"b.py": "cites no model facts: §4.7"}, sections) == []
+
+
+# ---- docs/ops.md -------------------------------------------------------------------------------
+
+TICKED = re.compile(r"`([^`]+)`")
+WORD = r"(?<!\w){}(?!\w)"
+
+
+def is_path(token: str) -> bool:
+    return "/" in token and " " not in token
+
+
+def ops_table(text: str) -> list[dict[str, str]]:
+    """docs/ops.md's table: one dict per row, column name -> cell."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|")]
+    return [dict(zip(rows[0], row)) for row in rows[2:]]
+
+
+def ops_map_problems(root: Path, text: str) -> list[str]:
+    """What docs/ops.md claims that is not so: a path that does not exist; a name missing
+    from the file cited before it in its cell (a test or reference: a def); a kernel suite
+    or benchmark entry that is not registered; an op whose contract, CPU function, binding
+    or reference has another name; an op of ops.h, layers.h or lily._lily.ops without a row."""
+    read = lambda rel: (root / rel).read_text(encoding="utf-8")
+    problems = [f"no such path: {t}" for t in TICKED.findall(text) if is_path(t) and not (root / t).exists()]
+    if problems:
+        return problems  # the checks below read those files
+    suites = read("src/cuda/tests/kernel_tests.cu")
+    bench = "".join(p.read_text(encoding="utf-8") for p in sorted((root / "benchmarks/ops").glob("*.cu")))
+    bindings = read("src/bindings/ops_bindings.cpp")
+    rows = ops_table(text)
+    for row in rows:
+        op = TICKED.findall(row["op"])[0]
+        for column in ("contract", "CPU", "CUDA decode", "CUDA prefill", "reference", "test"):
+            path = None
+            for token in TICKED.findall(row[column]):
+                if is_path(token):
+                    path = token
+                    suite = re.fullmatch(r"src/cuda/tests/test_(\w+)\.cu", token)
+                    if suite and f'{{"{suite[1]}",' not in suites:
+                        problems.append(f"{op}: no kernel suite {suite[1]} in kernel_tests.cu")
+                    continue
+                name = re.escape(token)
+                pattern = rf"def {name}\(" if str(path).endswith(".py") else WORD.format(name)
+                if path is None or not re.search(pattern, read(path)):
+                    problems.append(f"{op}: {column}: {token} is not in {path}")
+        for name in TICKED.findall(row["benchmark"]):
+            if f'"{name}' not in bench:
+                problems.append(f"{op}: no benchmark entry {name} in benchmarks/ops")
+        contract = next(t for t in TICKED.findall(row["contract"]) if is_path(t))
+        cpu = next(t for t in TICKED.findall(row["CPU"]) if is_path(t))
+        reference = [t for t in TICKED.findall(row["reference"]) if not is_path(t)]
+        if not re.search(WORD.format(op), read(contract)) or not re.search(WORD.format(op) + r"\(", read(cpu)):
+            problems.append(f"{op}: not the name in {contract} and {cpu}")
+        if f'ops.def("{op}"' not in bindings or reference[:1] != [op]:
+            problems.append(f"{op}: the binding or the reference has another name")
+    named = {t for row in rows for t in TICKED.findall(row["contract"])}
+    declared = re.findall(r"^void (\w+)\(", read("src/cpp/cpu/ops.h") + read("src/cpp/cpu/layers.h"), re.M)
+    problems += [f"{f} (ops.h, layers.h) has no row" for f in declared if f not in named]
+    ops = {TICKED.findall(row["op"])[0] for row in rows}
+    bound = re.findall(r'ops\.def\("(\w+)"', bindings)
+    problems += [f"lily._lily.ops.{b} has no row" for b in bound if b not in ops and not b.startswith("parallel_")]
+    return problems
+
+
+def test_the_ops_map_is_true():
+    text = (ROOT / "docs/ops.md").read_text(encoding="utf-8")
+    assert len(ops_table(text)) >= 15
+    problems = ops_map_problems(ROOT, text)
+    assert problems == [], "docs/ops.md:\n" + "\n".join(problems)
+
+
+def test_a_false_ops_map_is_found():
+    text = (ROOT / "docs/ops.md").read_text(encoding="utf-8")
+    assert ops_map_problems(ROOT, text.replace("`src/cpp/cpu/rope.cpp`", "`src/cpp/cpu/rotary.cpp`")) == [
+        "no such path: src/cpp/cpu/rotary.cpp"]
+    rope_row = next(line for line in text.splitlines() if line.startswith("| `rope` "))
+    wrong = {"numpy_ops.py` (`rope`)": "numpy_ops.py` (`rotary`)", "(`test_rope`)": "(`test_rotary`)",
+             "`attention_prefill` |": "`attention_flash` |"}
+    broken = rope_row
+    for old, new in wrong.items():
+        broken = broken.replace(old, new)
+    assert ops_map_problems(ROOT, text.replace(rope_row, broken)) == [
+        "rope: reference: rotary is not in tests/reference/numpy_ops.py",
+        "rope: test: test_rotary is not in tests/test_cpu_ops.py",
+        "rope: no benchmark entry attention_flash in benchmarks/ops",
+        "rope: the binding or the reference has another name"]
+    assert ops_map_problems(ROOT, text.replace(rope_row + "\n", "")) == [
+        "rope (ops.h, layers.h) has no row", "lily._lily.ops.rope has no row"]

@@ -176,83 +176,82 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   return y;
 }
 
-std::tuple<Out<float>, Out<float>> causal_conv_silu(In<float> x, In<float> w, In<float> state) {
-  need(x, {-1, -1}, "causal_conv_silu", "x [T, C]");
+std::tuple<Out<float>, Out<float>> gated_delta_conv(In<float> x, In<float> w, In<float> state) {
+  need(x, {-1, -1}, "gated_delta_conv", "x [T, C]");
   const int64_t T = x.shape(0), C = x.shape(1);
-  need(w, {C, -1}, "causal_conv_silu", "w [C, Kc]");
+  need(w, {C, -1}, "gated_delta_conv", "w [C, Kc]");
   const int64_t Kc = w.shape(1);
-  need(state, {Kc - 1, C}, "causal_conv_silu", "state [Kc-1, C]");
+  need(state, {Kc - 1, C}, "gated_delta_conv", "state [Kc-1, C]");
   auto [y, yp] = new_array<float>(shape_of(x));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   nb::gil_scoped_release nogil;
-  cpu::causal_conv_silu(x.data(), T, C, w.data(), Kc, sp, yp);
+  cpu::gated_delta_conv(x.data(), T, C, w.data(), Kc, sp, yp);
   return {y, s};
 }
 
-std::tuple<Out<float>, Out<float>> gdn_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
-  need(a, {-1, -1}, "gdn_gates", "a [T, Hv]");
+std::tuple<Out<float>, Out<float>> gated_delta_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
+  need(a, {-1, -1}, "gated_delta_gates", "a [T, Hv]");
   const int64_t T = a.shape(0), Hv = a.shape(1);
-  need(b, {T, Hv}, "gdn_gates", "b");
-  need(A_log, {Hv}, "gdn_gates", "A_log");
-  need(dt_bias, {Hv}, "gdn_gates", "dt_bias");
+  need(b, {T, Hv}, "gated_delta_gates", "b");
+  need(A_log, {Hv}, "gated_delta_gates", "A_log");
+  need(dt_bias, {Hv}, "gated_delta_gates", "dt_bias");
   auto [g, gp] = new_array<float>(shape_of(a));
   auto [beta, bp] = new_array<float>(shape_of(a));
-  cpu::gdn_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
+  cpu::gated_delta_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
   return {g, beta};
 }
 
-std::tuple<Out<float>, Out<float>> gated_delta_rule(In<float> q, In<float> k, In<float> v, In<float> g,
-                                                    In<float> beta, In<float> state) {
-  need(q, {-1, -1, -1}, "gated_delta_rule", "q [T, Hk, Dk]");
+std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
+                                               In<float> state) {
+  need(q, {-1, -1, -1}, "gated_delta", "q [T, Hk, Dk]");
   const int64_t T = q.shape(0), Hk = q.shape(1), Dk = q.shape(2);
-  need(k, {T, Hk, Dk}, "gated_delta_rule", "k");
-  need(v, {T, -1, -1}, "gated_delta_rule", "v [T, Hv, Dv]");
+  need(k, {T, Hk, Dk}, "gated_delta", "k");
+  need(v, {T, -1, -1}, "gated_delta", "v [T, Hv, Dv]");
   const int64_t Hv = v.shape(1), Dv = v.shape(2);
-  need(g, {T, Hv}, "gated_delta_rule", "g");
-  need(beta, {T, Hv}, "gated_delta_rule", "beta");
-  need(state, {Hv, Dk, Dv}, "gated_delta_rule", "state");
+  need(g, {T, Hv}, "gated_delta", "g");
+  need(beta, {T, Hv}, "gated_delta", "beta");
+  need(state, {Hv, Dk, Dv}, "gated_delta", "state");
   auto [o, op] = new_array<float>(shape_of(v));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   nb::gil_scoped_release nogil;
-  cpu::gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
+  cpu::gated_delta(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
   return {o, s};
 }
 
-Out<float> causal_attention(In<float> q, In<float> k, In<float> v, float scale) {
-  need(q, {-1, -1, -1}, "causal_attention", "q [T, Hq, D]");
+Out<float> attention(In<float> q, In<float> k, In<float> v, float scale) {
+  need(q, {-1, -1, -1}, "attention", "q [T, Hq, D]");
   const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
-  need(k, {-1, -1, D}, "causal_attention", "k [L, Hkv, D]");
+  need(k, {-1, -1, D}, "attention", "k [L, Hkv, D]");
   const int64_t L = k.shape(0), Hkv = k.shape(1);
-  need(v, {L, Hkv, D}, "causal_attention", "v");
-  if (L < T) fail("causal_attention: the cache holds ", std::to_string(L), " positions, fewer than T = ",
-                  std::to_string(T));
+  need(v, {L, Hkv, D}, "attention", "v");
+  if (L < T) fail("attention: the cache holds ", std::to_string(L), " positions, fewer than T = ", std::to_string(T));
   auto [o, op] = new_array<float>(shape_of(q));
   nb::gil_scoped_release nogil;
-  cpu::causal_attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
+  cpu::attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
   return o;
 }
 
-std::tuple<Out<int32_t>, Out<float>> route_topk(In<float> logits, int64_t top_k, bool renormalize) {
-  need(logits, {-1, -1}, "route_topk", "logits [T, E]");
+std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k, bool renormalize) {
+  need(logits, {-1, -1}, "moe_router", "logits [T, E]");
   const int64_t T = logits.shape(0), E = logits.shape(1);
   const std::vector<size_t> shape{static_cast<size_t>(T), static_cast<size_t>(std::max<int64_t>(top_k, 0))};
   auto [ids, ip] = new_array<int32_t>(shape);
   auto [w, wp] = new_array<float>(shape);
-  cpu::route_topk(logits.data(), T, E, top_k, renormalize, ip, wp);
+  cpu::moe_router(logits.data(), T, E, top_k, renormalize, ip, wp);
   return {ids, w};
 }
 
-Out<float> swiglu_mlp(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
-  PyQWeight g(gate, "swiglu_mlp", "gate"), u(up, "swiglu_mlp", "up"), d(down, "swiglu_mlp", "down");
-  need(x, {-1, g.w.cols}, "swiglu_mlp", "x");
+Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
+  PyQWeight g(gate, "moe_experts", "gate"), u(up, "moe_experts", "up"), d(down, "moe_experts", "down");
+  need(x, {-1, g.w.cols}, "moe_experts", "x");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(d.w.rows)});
   nb::gil_scoped_release nogil;
-  const cpu::SwigluMlp mlp{x.data(), T, g.w, u.w, d.w, yp};
+  const cpu::MoeExpert expert{x.data(), T, g.w, u.w, d.w, yp};
   std::vector<float> scratch;
-  cpu::swiglu_mlps({&mlp, 1}, scratch);
+  cpu::moe_experts({&expert, 1}, scratch);
   return y;
 }
 
@@ -280,11 +279,12 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
   return y;
 }
 
-std::tuple<Out<float>, Out<float>, Out<float>> gdn_mixer(In<float> x, nb::dict weights, In<float> conv_state,
-                                                         In<float> recurrent_state, int64_t num_key_heads,
-                                                         int64_t num_value_heads, int64_t key_head_dim,
-                                                         int64_t value_head_dim, float eps) {
-  const char* op = "gdn_mixer";
+std::tuple<Out<float>, Out<float>, Out<float>> gated_delta_mixer(In<float> x, nb::dict weights,
+                                                                 In<float> conv_state, In<float> recurrent_state,
+                                                                 int64_t num_key_heads, int64_t num_value_heads,
+                                                                 int64_t key_head_dim, int64_t value_head_dim,
+                                                                 float eps) {
+  const char* op = "gated_delta_mixer";
   PyQWeight qkv = qweight_from(weights, "in_proj_qkv", op), z = qweight_from(weights, "in_proj_z", op),
             b = qweight_from(weights, "in_proj_b", op), a = qweight_from(weights, "in_proj_a", op),
             out_proj = qweight_from(weights, "out_proj", op);
@@ -321,7 +321,7 @@ std::tuple<Out<float>, Out<float>, Out<float>> gdn_mixer(In<float> x, nb::dict w
   {
     nb::gil_scoped_release nogil;
     cpu::GdnBuffers buf;
-    cpu::gdn_mixer(w, c, x.data(), T, state, buf, yp);
+    cpu::gated_delta_mixer(w, c, x.data(), T, state, buf, yp);
   }
   std::copy(state.conv.begin(), state.conv.end(), csp);
   std::copy(state.recurrent.begin(), state.recurrent.end(), rsp);
@@ -400,22 +400,22 @@ void register_ops(nb::module_& m) {
   ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), "x * rsqrt(sum(x^2) + eps) * scale");
   ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
           "partial NeoX RoPE of x [T, heads, head_dim] at positions pos0..");
-  ops.def("causal_conv_silu", &causal_conv_silu, nb::arg("x"), nb::arg("w"), nb::arg("state"),
+  ops.def("gated_delta_conv", &gated_delta_conv, nb::arg("x"), nb::arg("w"), nb::arg("state"),
           "(silu(causal depthwise conv of x [T, C]), new state [Kc-1, C])");
-  ops.def("gdn_gates", &gdn_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
+  ops.def("gated_delta_gates", &gated_delta_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
           "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
-  ops.def("gated_delta_rule", &gated_delta_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+  ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
           nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
-  ops.def("causal_attention", &causal_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+  ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
-  ops.def("route_topk", &route_topk, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
+  ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
-  ops.def("swiglu_mlp", &swiglu_mlp, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
-          "down(silu(x gate^T) * (x up^T))");
+  ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+          "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
           "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj, "
           "shared_up_proj, shared_down_proj, shared_expert_gate");
-  ops.def("gdn_mixer", &gdn_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
+  ops.def("gated_delta_mixer", &gated_delta_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
           nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
           nb::arg("value_head_dim"), nb::arg("eps"),
           "(out, conv_state, recurrent_state) of one Gated DeltaNet mixer; weights: in_proj_qkv, in_proj_z, "

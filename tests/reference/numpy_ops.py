@@ -125,7 +125,7 @@ def rope(x, rotary_dim, pos0, theta) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def causal_conv_silu(x, w, state):
+def gated_delta_conv(x, w, state):
     """silu(causal depthwise conv) of x [T, C] with w [C, Kc] (tap Kc-1 = current token),
     state [Kc-1, C] the rows before x. Returns (y [T, C], new state)."""
     x, w, state = np.asarray(x, F64), np.asarray(w, F64), np.asarray(state, F64)
@@ -135,14 +135,14 @@ def causal_conv_silu(x, w, state):
     return silu(y).astype(np.float32), u[T:].astype(np.float32)
 
 
-def gdn_gates(a, b, A_log, dt_bias):
+def gated_delta_gates(a, b, A_log, dt_bias):
     """(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)), both [T, Hv]."""
     a, b = np.asarray(a, F64), np.asarray(b, F64)
     g = -np.exp(np.asarray(A_log, F64)) * softplus(a + np.asarray(dt_bias, F64))
     return g.astype(np.float32), sigmoid(b).astype(np.float32)
 
 
-def gated_delta_rule(q, k, v, g, beta, state):
+def gated_delta(q, k, v, g, beta, state):
     """The recurrence of MODEL.md §4.5 step 7, token by token. q, k [T, Hk, Dk] (normalised),
     v [T, Hv, Dv], g, beta [T, Hv], state [Hv, Dk, Dv]. Returns (o [T, Hv, Dv], state)."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
@@ -163,7 +163,7 @@ def gated_delta_rule(q, k, v, g, beta, state):
 
 def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
     """The same recurrence in the chunked (WY) form of MODEL.md §5, C tokens at a time;
-    equal to gated_delta_rule in exact arithmetic. Same arguments and results."""
+    equal to gated_delta in exact arithmetic. Same arguments and results."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
     g, beta, S = np.asarray(g, F64), np.asarray(beta, F64), np.asarray(state, F64).copy()
     T, Hk = q.shape[:2]
@@ -187,7 +187,7 @@ def gated_delta_chunked(q, k, v, g, beta, state, chunk: int = 64):
     return o.astype(np.float32), S.astype(np.float32)
 
 
-def causal_attention(q, k, v, scale):
+def attention(q, k, v, scale):
     """Causal GQA: q [T, Hq, D] are the last T of L = k.shape[0] positions; k, v [L, Hkv, D];
     query head h reads KV head h // (Hq/Hkv)."""
     q, k, v = (np.asarray(a, F64) for a in (q, k, v))
@@ -203,7 +203,7 @@ def causal_attention(q, k, v, scale):
     return np.einsum("htl,lhd->thd", p, vh).astype(np.float32)
 
 
-def route_topk(logits, top_k, renormalize):
+def moe_router(logits, top_k, renormalize):
     """softmax over E, the top_k experts by probability (ties: lower index first), their
     probabilities renormalised to sum 1 when asked. Returns (experts int32, weights)."""
     x = np.asarray(logits, F64)
@@ -216,8 +216,8 @@ def route_topk(logits, top_k, renormalize):
     return experts.astype(np.int32), w.astype(np.float32)
 
 
-def swiglu_mlp(x, gate, up, down):
-    """down(silu(x gate^T) * (x up^T))."""
+def moe_experts(x, gate, up, down):
+    """One expert's SwiGLU MLP (routed or shared): down(silu(x gate^T) * (x up^T))."""
     x = np.asarray(x, F64)
     g = x @ dequantize(gate).astype(F64).T
     u = x @ dequantize(up).astype(F64).T
@@ -232,20 +232,20 @@ def _expert(qw, e):
 def moe_block(x, weights: dict, top_k: int, norm_topk_prob: bool):
     """Routed experts weighted by the router plus the sigmoid-gated shared expert."""
     x = np.asarray(x, np.float32)
-    experts, w = route_topk(qmatmul(x, weights["router"]), top_k, norm_topk_prob)
+    experts, w = moe_router(qmatmul(x, weights["router"]), top_k, norm_topk_prob)
     out = np.zeros(x.shape, F64)
     for t in range(x.shape[0]):
         for e, we in zip(experts[t], w[t]):
-            y = swiglu_mlp(x[t:t + 1], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
-                           _expert(weights["down_proj"], e))
+            y = moe_experts(x[t:t + 1], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
+                            _expert(weights["down_proj"], e))
             out[t] += F64(we) * y[0]
-    shared = swiglu_mlp(x, weights["shared_gate_proj"], weights["shared_up_proj"], weights["shared_down_proj"])
+    shared = moe_experts(x, weights["shared_gate_proj"], weights["shared_up_proj"], weights["shared_down_proj"])
     gate = sigmoid(qmatmul(x, weights["shared_expert_gate"]).astype(F64))
     return (out + gate * shared).astype(np.float32)
 
 
-def gdn_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads, key_head_dim,
-              value_head_dim, eps):
+def gated_delta_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads,
+                      key_head_dim, value_head_dim, eps):
     """One Gated DeltaNet mixer (MODEL.md §4.5). Returns (out, conv_state, recurrent_state)."""
     T = x.shape[0]
     Hk, Hv, Dk, Dv = num_key_heads, num_value_heads, key_head_dim, value_head_dim
@@ -253,13 +253,13 @@ def gdn_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_
     z = qmatmul(x, weights["in_proj_z"]).reshape(T, Hv, Dv)
     b = qmatmul(x, weights["in_proj_b"])
     a = qmatmul(x, weights["in_proj_a"])
-    c, conv_state = causal_conv_silu(mixed, weights["conv1d"], conv_state)
+    c, conv_state = gated_delta_conv(mixed, weights["conv1d"], conv_state)
     kd = Hk * Dk
     q = l2norm(c[:, :kd].reshape(T, Hk, Dk), 1e-6, Dk ** -0.5)
     k = l2norm(c[:, kd:2 * kd].reshape(T, Hk, Dk), 1e-6, 1.0)
     v = c[:, 2 * kd:].reshape(T, Hv, Dv)
-    g, beta = gdn_gates(a, b, weights["A_log"], weights["dt_bias"])
-    o, recurrent_state = gated_delta_rule(q, k, v, g, beta, recurrent_state)
+    g, beta = gated_delta_gates(a, b, weights["A_log"], weights["dt_bias"])
+    o, recurrent_state = gated_delta(q, k, v, g, beta, recurrent_state)
     o = gated_rmsnorm(o, z, weights["norm"], eps).reshape(T, Hv * Dv)
     return qmatmul(o, weights["out_proj"]), conv_state, recurrent_state
 
@@ -278,5 +278,5 @@ def attention_mixer(x, weights: dict, k_cache, v_cache, num_heads, num_kv_heads,
     k = rope(rmsnorm(k, weights["k_norm"], eps), R, pos0, rope_theta)
     k_cache = np.concatenate([k_cache, k]).astype(np.float32)
     v_cache = np.concatenate([v_cache, v]).astype(np.float32)
-    o = causal_attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
+    o = attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
     return qmatmul(o.reshape(T, Hq * D), weights["o_proj"]), k_cache, v_cache

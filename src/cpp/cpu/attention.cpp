@@ -15,13 +15,12 @@
 
 namespace lily::cpu {
 
-void causal_attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq,
-                      int64_t Hkv, int64_t D, float scale, float* out) {
-  check(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "causal_attention", "query heads ", str(Hq),
-        " must be a multiple of KV heads ", str(Hkv));
-  check(D > 0 && T >= 0 && pos0 >= 0, "causal_attention", "bad shape: T ", str(T), ", pos0 ", str(pos0), ", D ",
-        str(D));
-  check(T == 0 || (q && k && v && out), "causal_attention", "missing input or output");
+void attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv,
+               int64_t D, float scale, float* out) {
+  check(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention", "query heads ", str(Hq), " must be a multiple of KV heads ",
+        str(Hkv));
+  check(D > 0 && T >= 0 && pos0 >= 0, "attention", "bad shape: T ", str(T), ", pos0 ", str(pos0), ", D ", str(D));
+  check(T == 0 || (q && k && v && out), "attention", "missing input or output");
   const int64_t group = Hq / Hkv;
   // A query sees pos0 + t + 1 keys: on average pos0 + (T + 1) / 2, each a dot, an exp and an axpy.
   const int64_t item_work = (pos0 + (T + 1) / 2) * (2 * D + kExpWork);

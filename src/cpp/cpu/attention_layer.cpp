@@ -44,8 +44,8 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
   rope(k_new, T, Hkv, D, c.rotary_dim(), pos0, c.rope_theta);
 
   buf.o.resize(T * Hq * D);
-  causal_attention(buf.q.data(), cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D,
-                   1.0f / std::sqrt(static_cast<float>(D)), buf.o.data());
+  attention(buf.q.data(), cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+            buf.o.data());
   for (int64_t i = 0; i < T * Hq; ++i) {
     const float* gate = buf.qg.data() + i * 2 * D + D;
     float* o = buf.o.data() + i * D;

@@ -97,7 +97,7 @@ class CpuExecutor : public Executor {
       const LayerWeights& L = w.layers[l];
       cpu::rmsnorm(h, T, H, L.input_norm.values.data(), eps, x);
       if (L.kind == LayerKind::Linear)
-        cpu::gdn_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix);
+        cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix);
       else
         cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
       add(h, mix, T * H);

@@ -18,12 +18,12 @@
 
 namespace lily::cpu {
 
-void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
-                      int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* o) {
-  check(Hk > 0 && Hv > 0 && Hv % Hk == 0, "gated_delta_rule", "value heads ", str(Hv),
+void gated_delta(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
+                 int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* o) {
+  check(Hk > 0 && Hv > 0 && Hv % Hk == 0, "gated_delta", "value heads ", str(Hv),
         " must be a multiple of key heads ", str(Hk));
-  check(Dk > 0 && Dv > 0 && T >= 0, "gated_delta_rule", "bad shape: T ", str(T), ", Dk ", str(Dk), ", Dv ", str(Dv));
-  check(state && (T == 0 || (q && k && v && g && beta && o)), "gated_delta_rule", "missing input, state or output");
+  check(Dk > 0 && Dv > 0 && T >= 0, "gated_delta", "bad shape: T ", str(T), ", Dk ", str(Dk), ", Dv ", str(Dv));
+  check(state && (T == 0 || (q && k && v && g && beta && o)), "gated_delta", "missing input, state or output");
   const int64_t group = Hv / Hk;
   parallel_for(Hv, 4 * T * Dk * Dv, [&](int64_t h0, int64_t h1) {
     std::vector<float> kv(Dv), delta(Dv);

@@ -35,13 +35,13 @@ struct MoeBuffers {
   std::vector<float> logits, weights, x_sorted, y_sorted, mlp_scratch, shared, shared_gate;
   std::vector<int32_t> experts, slots_by_expert;
   std::vector<int64_t> expert_begin;
-  std::vector<SwigluMlp> mlps;
+  std::vector<MoeExpert> mlps;
 };
 
 // Gated DeltaNet (§4.5): projections, causal conv + SiLU, l2-normalised q/k, the delta
 // rule over the chunk, gated RMSNorm, out_proj. state carries across chunks.
-void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-               GdnBuffers& buf, float* out);
+void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
+                       GdnBuffers& buf, float* out);
 
 // Gated full attention (§4.4) for tokens at positions pos0 .. pos0+T-1; the cache must
 // hold exactly pos0 positions and gains T.

@@ -50,32 +50,32 @@ void rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_d
 // x, y [T, C] (no aliasing); w [C, Kc], tap Kc-1 multiplies the current token. state
 // [Kc-1, C] holds the Kc-1 input rows before x (zeros at sequence start) and is updated to
 // the last Kc-1 rows of state ++ x.
-void causal_conv_silu(const float* x, int64_t T, int64_t C, const float* w, int64_t Kc, float* state, float* y);
+void gated_delta_conv(const float* x, int64_t T, int64_t C, const float* w, int64_t Kc, float* state, float* y);
 
 // GDN gates from the a, b projections [T, Hv]: g = -exp(A_log) * softplus(a + dt_bias)
 // (log-decay, <= 0) and beta = sigmoid(b), both [T, Hv].
-void gdn_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log, const float* dt_bias,
-               float* g, float* beta);
+void gated_delta_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log,
+                       const float* dt_bias, float* g, float* beta);
 
 // The gated delta rule, token by token, per value head h (key head h / (Hv/Hk)):
 //   S *= exp(g_t);  delta = (v_t - S^T k_t) * beta_t;  S += k_t (x) delta;  o_t = S^T q_t
 // q, k [T, Hk, Dk] (already normalised and scaled); v, o [T, Hv, Dv]; g, beta [T, Hv];
 // state S [Hv, Dk, Dv] fp32, carried in and out.
-void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
-                      int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* o);
+void gated_delta(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
+                 int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* o);
 
 // Causal GQA: out[t, h] = softmax_j(scale * q[t, h] . k[j, h']) v[j, h'] over j <= pos0 + t,
 // with h' = h / (Hq/Hkv). q, out [T, Hq, D]; k, v [pos0 + T, Hkv, D] (cache incl. this chunk).
-void causal_attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq,
-                      int64_t Hkv, int64_t D, float scale, float* out);
+void attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv,
+               int64_t D, float scale, float* out);
 
 // Router: p = softmax(logits[t]) over E in fp32, the K largest p (ties: lower expert
 // first) into experts/weights [T, K], weights divided by their sum when renormalize.
-void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
+void moe_router(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
                 float* weights);
 
 // The SwiGLU MLP of one expert: y[T, H] = down(silu(x gate^T) * (x up^T)), gate/up [I, H].
-struct SwigluMlp {
+struct MoeExpert {
   const float* x;
   int64_t T;
   QWeight gate, up, down;
@@ -84,6 +84,6 @@ struct SwigluMlp {
 
 // Several experts' MLPs at once: their gate and up products in one parallel loop, their
 // down products in another. scratch grows to 2 * sum(T * I) floats.
-void swiglu_mlps(std::span<const SwigluMlp> mlps, std::vector<float>& scratch);
+void moe_experts(std::span<const MoeExpert> mlps, std::vector<float>& scratch);
 
 }  // namespace lily::cpu

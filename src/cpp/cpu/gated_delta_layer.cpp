@@ -18,21 +18,21 @@ void GdnState::reset(const ModelConfig& c) {
   recurrent.assign(c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim, 0.0f);
 }
 
-void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-               GdnBuffers& buf, float* out) {
+void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
+                       GdnBuffers& buf, float* out) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, Kc = c.linear_conv_kernel_dim;
   const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = c.gdn_conv_dim();
   check(w.in_proj_qkv.rows == conv_dim && w.in_proj_z.rows == value_dim && w.in_proj_a.rows == Hv &&
             w.in_proj_b.rows == Hv && w.out_proj.rows == H && w.out_proj.cols == value_dim &&
             w.in_proj_qkv.cols == H,
-        "gdn_mixer", "projection shapes do not match the config");
+        "gated_delta_mixer", "projection shapes do not match the config");
   check(w.conv1d.values.size() == static_cast<size_t>(conv_dim * Kc) && w.norm.values.size() == static_cast<size_t>(Dv) &&
             w.A_log.values.size() == static_cast<size_t>(Hv) && w.dt_bias.values.size() == static_cast<size_t>(Hv),
-        "gdn_mixer", "conv1d, norm, A_log or dt_bias has the wrong size");
+        "gated_delta_mixer", "conv1d, norm, A_log or dt_bias has the wrong size");
   check(state.conv.size() == static_cast<size_t>((Kc - 1) * conv_dim) &&
             state.recurrent.size() == static_cast<size_t>(Hv * Dk * Dv),
-        "gdn_mixer", "the state is not sized for this layer");
+        "gated_delta_mixer", "the state is not sized for this layer");
   if (T == 0) return;
 
   buf.mixed.resize(T * conv_dim);
@@ -46,7 +46,7 @@ void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_
                                  {x, T, w.in_proj_b, buf.b.data()}};
   qmatmul_batch(projections);
 
-  causal_conv_silu(buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
+  gated_delta_conv(buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
                    buf.conv_out.data());
 
   buf.q.resize(T * key_dim);
@@ -63,12 +63,12 @@ void gdn_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_
 
   buf.g.resize(T * Hv);
   buf.beta.resize(T * Hv);
-  gdn_gates(buf.a.data(), buf.b.data(), T, Hv, w.A_log.values.data(), w.dt_bias.values.data(), buf.g.data(),
-            buf.beta.data());
+  gated_delta_gates(buf.a.data(), buf.b.data(), T, Hv, w.A_log.values.data(), w.dt_bias.values.data(),
+                    buf.g.data(), buf.beta.data());
 
   buf.o.resize(T * value_dim);
-  gated_delta_rule(buf.q.data(), buf.k.data(), buf.v.data(), buf.g.data(), buf.beta.data(), T, Hk, Hv, Dk, Dv,
-                   state.recurrent.data(), buf.o.data());
+  gated_delta(buf.q.data(), buf.k.data(), buf.v.data(), buf.g.data(), buf.beta.data(), T, Hk, Hv, Dk, Dv,
+              state.recurrent.data(), buf.o.data());
   gated_rmsnorm(buf.o.data(), buf.z.data(), T * Hv, Dv, w.norm.values.data(), c.rms_norm_eps, buf.o.data());
   qmatmul(buf.o.data(), T, w.out_proj, out);
 }

@@ -8,12 +8,12 @@
 
 namespace lily::cpu {
 
-void swiglu_mlps(std::span<const SwigluMlp> mlps, std::vector<float>& scratch) {
+void moe_experts(std::span<const MoeExpert> mlps, std::vector<float>& scratch) {
   int64_t values = 0;  // sum of T * I: the gate (then activation) values, and as many up values
-  for (const SwigluMlp& m : mlps) {
+  for (const MoeExpert& m : mlps) {
     check(m.gate.rows == m.up.rows && m.gate.cols == m.up.cols && m.down.cols == m.gate.rows &&
               m.down.rows == m.gate.cols,
-          "swiglu_mlp", "shapes disagree: gate [", str(m.gate.rows), ", ", str(m.gate.cols), "], up [", str(m.up.rows),
+          "moe_experts", "shapes disagree: gate [", str(m.gate.rows), ", ", str(m.gate.cols), "], up [", str(m.up.rows),
           ", ", str(m.up.cols), "], down [", str(m.down.rows), ", ", str(m.down.cols), "]");
     values += m.T * m.gate.rows;
   }
@@ -23,7 +23,7 @@ void swiglu_mlps(std::span<const SwigluMlp> mlps, std::vector<float>& scratch) {
 
   std::vector<QMatmul> gate_up, down;
   int64_t at = 0;
-  for (const SwigluMlp& m : mlps) {
+  for (const MoeExpert& m : mlps) {
     gate_up.push_back({m.x, m.T, m.gate, g + at});
     gate_up.push_back({m.x, m.T, m.up, u + at});
     down.push_back({g + at, m.T, m.down, m.y});

@@ -9,10 +9,10 @@
 
 namespace lily::cpu {
 
-void gdn_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log, const float* dt_bias,
-               float* g, float* beta) {
-  check(T >= 0 && Hv > 0, "gdn_gates", "bad shape [", str(T), ", ", str(Hv), "]");
-  check(A_log && dt_bias && (T == 0 || (a && b && g && beta)), "gdn_gates", "missing input or output");
+void gated_delta_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log,
+                       const float* dt_bias, float* g, float* beta) {
+  check(T >= 0 && Hv > 0, "gated_delta_gates", "bad shape [", str(T), ", ", str(Hv), "]");
+  check(A_log && dt_bias && (T == 0 || (a && b && g && beta)), "gated_delta_gates", "missing input or output");
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < Hv; ++h) {
       const int64_t i = t * Hv + h;

@@ -12,11 +12,11 @@
 
 namespace lily::cpu {
 
-void causal_conv_silu(const float* x, int64_t T, int64_t C, const float* w, int64_t Kc, float* state, float* y) {
-  check(Kc >= 1 && C > 0 && T >= 0, "causal_conv_silu", "bad shape: T ", str(T), ", channels ", str(C),
+void gated_delta_conv(const float* x, int64_t T, int64_t C, const float* w, int64_t Kc, float* state, float* y) {
+  check(Kc >= 1 && C > 0 && T >= 0, "gated_delta_conv", "bad shape: T ", str(T), ", channels ", str(C),
         ", kernel ", str(Kc));
-  check(w && (Kc == 1 || state) && (T == 0 || (x && y)), "causal_conv_silu", "missing input, weight, state or output");
-  check(T == 0 || x != y, "causal_conv_silu", "the output must not alias the input");
+  check(w && (Kc == 1 || state) && (T == 0 || (x && y)), "gated_delta_conv", "missing input, weight, state or output");
+  check(T == 0 || x != y, "gated_delta_conv", "the output must not alias the input");
   const int64_t S = Kc - 1;  // rows of state
   // Row i of u (i < S + T), a pointer into the state or into x.
   auto u_row = [&](int64_t i) { return i < S ? state + i * C : x + (i - S) * C; };

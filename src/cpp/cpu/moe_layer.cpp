@@ -2,7 +2,7 @@
 //   out[t] = sum_{e in topK(t)} w_te * expert_e(x[t]) + sigmoid(x[t] . g_s) * shared(x[t])
 // Routed work is grouped by expert: every (token, slot) pair routed to e is gathered
 // into one [n_e, H] block, so each expert's weights are dequantized once per call; all
-// experts' MLPs run as one batch (swiglu_mlps), and results are added back per token in
+// experts' MLPs run as one batch (moe_experts), and results are added back per token in
 // ascending expert order (the order depends neither on the chunking of the prompt nor
 // on the threads).
 #include <algorithm>
@@ -43,7 +43,7 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   buf.experts.resize(T * K);
   buf.weights.resize(T * K);
   qmatmul(x, T, w.router, buf.logits.data());
-  route_topk(buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data());
+  moe_router(buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data());
 
   // Counting sort of the T*K slots by expert: slots of expert e are
   // slots_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
@@ -75,7 +75,7 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
                           w.down_proj.expert(e), buf.y_sorted.data() + begin * H});
   }
   buf.mlps.push_back({x, T, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, buf.shared.data()});
-  swiglu_mlps(buf.mlps, buf.mlp_scratch);
+  moe_experts(buf.mlps, buf.mlp_scratch);
 
   // out[t]: its routed slots weighted, in ascending expert order, then the shared expert
   // gated per token by sigmoid(x[t] . shared_expert_gate).

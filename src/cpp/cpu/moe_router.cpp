@@ -13,10 +13,10 @@
 
 namespace lily::cpu {
 
-void route_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
+void moe_router(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
                 float* weights) {
-  check(E > 0 && K > 0 && K <= E && T >= 0, "route_topk", "need 0 < K <= E, got K ", str(K), ", E ", str(E));
-  check(T == 0 || (logits && experts && weights), "route_topk", "missing input or output");
+  check(E > 0 && K > 0 && K <= E && T >= 0, "moe_router", "need 0 < K <= E, got K ", str(K), ", E ", str(E));
+  check(T == 0 || (logits && experts && weights), "moe_router", "missing input or output");
   // Per token: E exps, then a partial sort of E candidates.
   parallel_for(T, E * (kExpWork + 8), [&](int64_t t0, int64_t t1) {
     std::vector<float> p(E);
