@@ -293,7 +293,7 @@ def test_a_false_ops_map_is_found():
         broken = broken.replace(old, new)
     assert ops_map_problems(ROOT, text.replace(rope_row, broken)) == [
         "rope: reference: rotary is not in tests/reference/numpy_ops.py",
-        "rope: test: test_rotary is not in tests/test_cpu_ops.py",
+        "rope: test: test_rotary is not in tests/test_ops.py",
         "rope: no benchmark entry attention_flash in benchmarks/ops",
         "rope: the binding or the reference has another name"]
     assert ops_map_problems(ROOT, text.replace(rope_row + "\n", "")) == [

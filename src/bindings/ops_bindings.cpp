@@ -1,4 +1,5 @@
-// lily._lily.ops: the CPU ops on numpy arrays, for tests and experiments.
+// lily._lily.ops: the ops on numpy arrays, for tests and experiments: the CPU's, and with
+// device="cuda" the CUDA kernels (src/cuda/contract) of the ops that take a device.
 //
 // Arrays are float32 (activations, small float weights), uint32 (quantized codes),
 // uint16 (bf16 bits of scales/biases) or int32 (token and expert ids), C-contiguous.
@@ -6,6 +7,7 @@
 // codes [N, K*bits/32] or [E, N, K*bits/32]. Ops with state take it as an argument and
 // return the updated copy; inputs are never written.
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -18,6 +20,9 @@
 #include "bindings.h"
 #include "cpu/layers.h"
 #include "cpu/ops.h"
+#ifdef LILY_HAS_CUDA
+#include "contract/cuda_ops.h"
+#endif
 #include "error.h"
 #include "threadpool.h"
 
@@ -120,13 +125,26 @@ void copy_into(const In<T>& a, T* dst) {
   std::copy(a.data(), a.data() + a.size(), dst);
 }
 
+// The backend an op runs on: "cpu", or "cuda" (src/cuda/contract, when this build has the
+// CUDA executor) for the ops that take a device.
+enum class Backend { Cpu, Cuda };
+Backend backend_of(const std::string& device, const char* op) {
+  if (device == "cpu") return Backend::Cpu;
+#ifdef LILY_HAS_CUDA
+  if (device == "cuda") return Backend::Cuda;
+#else
+  if (device == "cuda") fail(op, ": this build has no CUDA executor");
+#endif
+  fail(op, ": device must be 'cpu' or 'cuda', got '", device, "'");
+}
+
 Out<float> qmatmul(In<float> x, nb::handle weight) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   nb::gil_scoped_release nogil;
-  cpu::qmatmul(x.data(), T, q.w, yp);
+  cpu::qmatmul({x.data(), T, q.w, yp});
   return y;
 }
 
@@ -136,26 +154,36 @@ Out<float> embedding(In<int32_t> ids, nb::handle table) {
   const int64_t T = ids.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.cols)});
   nb::gil_scoped_release nogil;
-  cpu::embedding(q.w, ids.data(), T, yp);
+  cpu::embedding({q.w, ids.data(), T, yp});
   return y;
 }
 
-Out<float> rmsnorm(In<float> x, In<float> w, float eps) {
+Out<float> rmsnorm(In<float> x, In<float> w, float eps, const std::string& device) {
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "rmsnorm", "w");
+  const Backend b = backend_of(device, "rmsnorm");
   auto [y, yp] = new_array<float>(shape_of(x));
+  const ops::RmsNorm args{x.data(), rows_of(x), D, w.data(), eps, yp};
   nb::gil_scoped_release nogil;
-  cpu::rmsnorm(x.data(), rows_of(x), D, w.data(), eps, yp);
+  if (b == Backend::Cpu) cpu::rmsnorm(args);
+#ifdef LILY_HAS_CUDA
+  else cuda_ops::rmsnorm(args);
+#endif
   return y;
 }
 
-Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps) {
+Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps, const std::string& device) {
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "gated_rmsnorm", "w");
   if (shape_of(z) != shape_of(x)) fail("gated_rmsnorm: z must have the shape of x");
+  const Backend b = backend_of(device, "gated_rmsnorm");
   auto [y, yp] = new_array<float>(shape_of(x));
+  const ops::GatedRmsNorm args{x.data(), z.data(), rows_of(x), D, w.data(), eps, yp};
   nb::gil_scoped_release nogil;
-  cpu::gated_rmsnorm(x.data(), z.data(), rows_of(x), D, w.data(), eps, yp);
+  if (b == Backend::Cpu) cpu::gated_rmsnorm(args);
+#ifdef LILY_HAS_CUDA
+  else cuda_ops::gated_rmsnorm(args);
+#endif
   return y;
 }
 
@@ -163,7 +191,7 @@ Out<float> l2norm(In<float> x, float eps, float scale) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::l2norm(yp, rows_of(x), x.ndim() ? x.shape(x.ndim() - 1) : 0, eps, scale);
+  cpu::l2norm({yp, rows_of(x), x.ndim() ? x.shape(x.ndim() - 1) : 0, eps, scale});
   return y;
 }
 
@@ -172,7 +200,7 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::rope(yp, x.shape(0), x.shape(1), x.shape(2), rotary_dim, pos0, theta);
+  cpu::rope({yp, x.shape(0), x.shape(1), x.shape(2), rotary_dim, pos0, theta});
   return y;
 }
 
@@ -186,7 +214,7 @@ std::tuple<Out<float>, Out<float>> gated_delta_conv(In<float> x, In<float> w, In
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   nb::gil_scoped_release nogil;
-  cpu::gated_delta_conv(x.data(), T, C, w.data(), Kc, sp, yp);
+  cpu::gated_delta_conv({x.data(), T, C, w.data(), Kc, sp, yp});
   return {y, s};
 }
 
@@ -198,12 +226,12 @@ std::tuple<Out<float>, Out<float>> gated_delta_gates(In<float> a, In<float> b, I
   need(dt_bias, {Hv}, "gated_delta_gates", "dt_bias");
   auto [g, gp] = new_array<float>(shape_of(a));
   auto [beta, bp] = new_array<float>(shape_of(a));
-  cpu::gated_delta_gates(a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp);
+  cpu::gated_delta_gates({a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp});
   return {g, beta};
 }
 
 std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
-                                               In<float> state) {
+                                               In<float> state, const std::string& device, const std::string& route) {
   need(q, {-1, -1, -1}, "gated_delta", "q [T, Hk, Dk]");
   const int64_t T = q.shape(0), Hk = q.shape(1), Dk = q.shape(2);
   need(k, {T, Hk, Dk}, "gated_delta", "k");
@@ -212,11 +240,19 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   need(g, {T, Hv}, "gated_delta", "g");
   need(beta, {T, Hv}, "gated_delta", "beta");
   need(state, {Hv, Dk, Dv}, "gated_delta", "state");
+  const Backend b = backend_of(device, "gated_delta");
+  const bool cuda_route = route == "scan" || route == "chunked";
+  if (!(route.empty() || (b == Backend::Cuda && cuda_route)))
+    fail("gated_delta: route '", route, "' is not one of ", b == Backend::Cuda ? "'', 'scan', 'chunked'" : "'' (cpu)");
   auto [o, op] = new_array<float>(shape_of(v));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
+  const ops::GatedDelta args{q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op};
   nb::gil_scoped_release nogil;
-  cpu::gated_delta(q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op);
+  if (b == Backend::Cpu) cpu::gated_delta(args);
+#ifdef LILY_HAS_CUDA
+  else cuda_ops::gated_delta(args, route != "scan");  // the prefill's default: chunked
+#endif
   return {o, s};
 }
 
@@ -229,7 +265,7 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale) {
   if (L < T) fail("attention: the cache holds ", std::to_string(L), " positions, fewer than T = ", std::to_string(T));
   auto [o, op] = new_array<float>(shape_of(q));
   nb::gil_scoped_release nogil;
-  cpu::attention(q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op);
+  cpu::attention({q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op});
   return o;
 }
 
@@ -239,7 +275,7 @@ std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k,
   const std::vector<size_t> shape{static_cast<size_t>(T), static_cast<size_t>(std::max<int64_t>(top_k, 0))};
   auto [ids, ip] = new_array<int32_t>(shape);
   auto [w, wp] = new_array<float>(shape);
-  cpu::moe_router(logits.data(), T, E, top_k, renormalize, ip, wp);
+  cpu::moe_router({logits.data(), T, E, top_k, renormalize, ip, wp});
   return {ids, w};
 }
 
@@ -390,12 +426,15 @@ std::vector<std::tuple<int64_t, int64_t, bool>> parallel_ranges(int64_t n, int64
 }  // namespace
 
 void register_ops(nb::module_& m) {
-  nb::module_ ops = m.def_submodule("ops", "lily's CPU ops on numpy arrays (fp32 reference kernels), for tests");
+  nb::module_ ops = m.def_submodule("ops", "lily's ops on numpy arrays, for tests: the CPU's, and with device='cuda' "
+                                           "the CUDA kernels of those that take one");
   ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"),
           "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits)");
   ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), "rows ids of the quantized table [V, H]");
-  ops.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("eps"), "x * rsqrt(mean(x^2) + eps) * w");
+  ops.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("eps"), nb::arg("device") = "cpu",
+          "x * rsqrt(mean(x^2) + eps) * w");
   ops.def("gated_rmsnorm", &gated_rmsnorm, nb::arg("x"), nb::arg("z"), nb::arg("w"), nb::arg("eps"),
+          nb::arg("device") = "cpu",
           "rmsnorm(x) * w * silu(z)");
   ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), "x * rsqrt(sum(x^2) + eps) * scale");
   ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
@@ -405,7 +444,8 @@ void register_ops(nb::module_& m) {
   ops.def("gated_delta_gates", &gated_delta_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
           "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
   ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
-          nb::arg("beta"), nb::arg("state"), "(o [T, Hv, Dv], new state [Hv, Dk, Dv])");
+          nb::arg("beta"), nb::arg("state"), nb::arg("device") = "cpu", nb::arg("route") = "",
+          "(o [T, Hv, Dv], new state [Hv, Dk, Dv]); on cuda route 'scan' or 'chunked' (the default)");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),

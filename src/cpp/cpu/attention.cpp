@@ -15,8 +15,8 @@
 
 namespace lily::cpu {
 
-void attention(const float* q, const float* k, const float* v, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv,
-               int64_t D, float scale, float* out) {
+void attention(const ops::Attention& args) {
+  const auto& [q, k, v, T, pos0, Hq, Hkv, D, scale, out] = args;
   check(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention", "query heads ", str(Hq), " must be a multiple of KV heads ",
         str(Hkv));
   check(D > 0 && T >= 0 && pos0 >= 0, "attention", "bad shape: T ", str(T), ", pos0 ", str(pos0), ", D ", str(D));

@@ -38,20 +38,20 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
   buf.q.resize(T * Hq * D);
   for (int64_t i = 0; i < T * Hq; ++i) std::copy_n(buf.qg.data() + i * 2 * D, D, buf.q.data() + i * D);
 
-  rmsnorm(buf.q.data(), T * Hq, D, w.q_norm.values.data(), c.rms_norm_eps, buf.q.data());
-  rmsnorm(k_new, T * Hkv, D, w.k_norm.values.data(), c.rms_norm_eps, k_new);
-  rope(buf.q.data(), T, Hq, D, c.rotary_dim(), pos0, c.rope_theta);
-  rope(k_new, T, Hkv, D, c.rotary_dim(), pos0, c.rope_theta);
+  rmsnorm({buf.q.data(), T * Hq, D, w.q_norm.values.data(), c.rms_norm_eps, buf.q.data()});
+  rmsnorm({k_new, T * Hkv, D, w.k_norm.values.data(), c.rms_norm_eps, k_new});
+  rope({buf.q.data(), T, Hq, D, c.rotary_dim(), pos0, c.rope_theta});
+  rope({k_new, T, Hkv, D, c.rotary_dim(), pos0, c.rope_theta});
 
   buf.o.resize(T * Hq * D);
-  attention(buf.q.data(), cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
-            buf.o.data());
+  attention({buf.q.data(), cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
+             buf.o.data()});
   for (int64_t i = 0; i < T * Hq; ++i) {
     const float* gate = buf.qg.data() + i * 2 * D + D;
     float* o = buf.o.data() + i * D;
     for (int64_t d = 0; d < D; ++d) o[d] *= sigmoid(gate[d]);
   }
-  qmatmul(buf.o.data(), T, w.o_proj, out);
+  qmatmul({buf.o.data(), T, w.o_proj, out});
 }
 
 }  // namespace lily::cpu

@@ -92,27 +92,27 @@ class CpuExecutor : public Executor {
     mix_.resize(T * H);
     float *h = h_.data(), *x = x_.data(), *mix = mix_.data();
 
-    cpu::embedding(w.embed, tokens, T, h);
+    cpu::embedding({w.embed, tokens, T, h});
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const LayerWeights& L = w.layers[l];
-      cpu::rmsnorm(h, T, H, L.input_norm.values.data(), eps, x);
+      cpu::rmsnorm({h, T, H, L.input_norm.values.data(), eps, x});
       if (L.kind == LayerKind::Linear)
         cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix);
       else
         cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
       add(h, mix, T * H);
-      cpu::rmsnorm(h, T, H, L.post_norm.values.data(), eps, x);
+      cpu::rmsnorm({h, T, H, L.post_norm.values.data(), eps, x});
       cpu::moe_block(L.moe, c, x, T, moe_buf_, mix, s.expert_load.data() + l * c.num_experts);
       add(h, mix, T * H);
     }
 
     if (all_logits) {
-      cpu::rmsnorm(h, T, H, w.final_norm.values.data(), eps, x);
-      cpu::qmatmul(x, T, w.lm_head, all_logits);
+      cpu::rmsnorm({h, T, H, w.final_norm.values.data(), eps, x});
+      cpu::qmatmul({x, T, w.lm_head, all_logits});
       std::copy_n(all_logits + (T - 1) * V, V, last_logits);
     } else {  // only the last position's logits are needed
-      cpu::rmsnorm(h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x);
-      cpu::qmatmul(x, 1, w.lm_head, last_logits);
+      cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
+      cpu::qmatmul({x, 1, w.lm_head, last_logits});
     }
   }
 

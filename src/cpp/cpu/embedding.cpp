@@ -7,7 +7,8 @@
 
 namespace lily::cpu {
 
-void embedding(const QWeight& table, const int32_t* ids, int64_t T, float* out) {
+void embedding(const ops::Embedding& args) {
+  const auto& [table, ids, T, out] = args;
   check_qweight(table, "embedding", "the table");
   check(T == 0 || (ids && out), "embedding", "missing ids or output");
   for (int64_t t = 0; t < T; ++t)

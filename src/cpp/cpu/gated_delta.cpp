@@ -18,8 +18,8 @@
 
 namespace lily::cpu {
 
-void gated_delta(const float* q, const float* k, const float* v, const float* g, const float* beta, int64_t T,
-                 int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* state, float* o) {
+void gated_delta(const ops::GatedDelta& args) {
+  const auto& [q, k, v, g, beta, T, Hk, Hv, Dk, Dv, state, o] = args;
   check(Hk > 0 && Hv > 0 && Hv % Hk == 0, "gated_delta", "value heads ", str(Hv),
         " must be a multiple of key heads ", str(Hk));
   check(Dk > 0 && Dv > 0 && T >= 0, "gated_delta", "bad shape: T ", str(T), ", Dk ", str(Dk), ", Dv ", str(Dv));

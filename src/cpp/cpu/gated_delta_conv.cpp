@@ -12,7 +12,8 @@
 
 namespace lily::cpu {
 
-void gated_delta_conv(const float* x, int64_t T, int64_t C, const float* w, int64_t Kc, float* state, float* y) {
+void gated_delta_conv(const ops::GatedDeltaConv& args) {
+  const auto& [x, T, C, w, Kc, state, y] = args;
   check(Kc >= 1 && C > 0 && T >= 0, "gated_delta_conv", "bad shape: T ", str(T), ", channels ", str(C),
         ", kernel ", str(Kc));
   check(w && (Kc == 1 || state) && (T == 0 || (x && y)), "gated_delta_conv", "missing input, weight, state or output");

@@ -9,8 +9,8 @@
 
 namespace lily::cpu {
 
-void gated_delta_gates(const float* a, const float* b, int64_t T, int64_t Hv, const float* A_log,
-                       const float* dt_bias, float* g, float* beta) {
+void gated_delta_gates(const ops::GatedDeltaGates& args) {
+  const auto& [a, b, T, Hv, A_log, dt_bias, g, beta] = args;
   check(T >= 0 && Hv > 0, "gated_delta_gates", "bad shape [", str(T), ", ", str(Hv), "]");
   check(A_log && dt_bias && (T == 0 || (a && b && g && beta)), "gated_delta_gates", "missing input or output");
   for (int64_t t = 0; t < T; ++t)

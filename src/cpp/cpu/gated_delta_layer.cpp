@@ -46,8 +46,8 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
                                  {x, T, w.in_proj_b, buf.b.data()}};
   qmatmul_batch(projections);
 
-  gated_delta_conv(buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
-                   buf.conv_out.data());
+  gated_delta_conv({buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
+                    buf.conv_out.data()});
 
   buf.q.resize(T * key_dim);
   buf.k.resize(T * key_dim);
@@ -58,19 +58,19 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
     std::copy_n(row + key_dim, key_dim, buf.k.data() + t * key_dim);
     std::copy_n(row + 2 * key_dim, value_dim, buf.v.data() + t * value_dim);
   }
-  l2norm(buf.q.data(), T * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)));
-  l2norm(buf.k.data(), T * Hk, Dk, 1e-6f, 1.0f);
+  l2norm({buf.q.data(), T * Hk, Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk))});
+  l2norm({buf.k.data(), T * Hk, Dk, 1e-6f, 1.0f});
 
   buf.g.resize(T * Hv);
   buf.beta.resize(T * Hv);
-  gated_delta_gates(buf.a.data(), buf.b.data(), T, Hv, w.A_log.values.data(), w.dt_bias.values.data(),
-                    buf.g.data(), buf.beta.data());
+  gated_delta_gates({buf.a.data(), buf.b.data(), T, Hv, w.A_log.values.data(), w.dt_bias.values.data(),
+                     buf.g.data(), buf.beta.data()});
 
   buf.o.resize(T * value_dim);
-  gated_delta(buf.q.data(), buf.k.data(), buf.v.data(), buf.g.data(), buf.beta.data(), T, Hk, Hv, Dk, Dv,
-              state.recurrent.data(), buf.o.data());
-  gated_rmsnorm(buf.o.data(), buf.z.data(), T * Hv, Dv, w.norm.values.data(), c.rms_norm_eps, buf.o.data());
-  qmatmul(buf.o.data(), T, w.out_proj, out);
+  gated_delta({buf.q.data(), buf.k.data(), buf.v.data(), buf.g.data(), buf.beta.data(), T, Hk, Hv, Dk, Dv,
+               state.recurrent.data(), buf.o.data()});
+  gated_rmsnorm({buf.o.data(), buf.z.data(), T * Hv, Dv, w.norm.values.data(), c.rms_norm_eps, buf.o.data()});
+  qmatmul({buf.o.data(), T, w.out_proj, out});
 }
 
 }  // namespace lily::cpu

@@ -10,7 +10,8 @@
 
 namespace lily::cpu {
 
-void gated_rmsnorm(const float* x, const float* z, int64_t rows, int64_t dim, const float* w, float eps, float* y) {
+void gated_rmsnorm(const ops::GatedRmsNorm& args) {
+  const auto& [x, z, rows, dim, w, eps, y] = args;
   check(dim > 0 && rows >= 0, "gated_rmsnorm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || (x && z && w && y), "gated_rmsnorm", "missing input, gate, weight or output");
   parallel_for(rows, dim * (2 + kExpWork), [&](int64_t r0, int64_t r1) {

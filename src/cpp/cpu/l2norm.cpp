@@ -10,7 +10,8 @@
 
 namespace lily::cpu {
 
-void l2norm(float* x, int64_t rows, int64_t dim, float eps, float scale) {
+void l2norm(const ops::L2Norm& args) {
+  const auto& [x, rows, dim, eps, scale] = args;
   check(dim > 0 && rows >= 0, "l2norm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || x, "l2norm", "missing data");
   parallel_for(rows, 2 * dim, [&](int64_t r0, int64_t r1) {

@@ -42,8 +42,8 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   buf.logits.resize(T * E);
   buf.experts.resize(T * K);
   buf.weights.resize(T * K);
-  qmatmul(x, T, w.router, buf.logits.data());
-  moe_router(buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data());
+  qmatmul({x, T, w.router, buf.logits.data()});
+  moe_router({buf.logits.data(), T, E, K, c.norm_topk_prob, buf.experts.data(), buf.weights.data()});
 
   // Counting sort of the T*K slots by expert: slots of expert e are
   // slots_by_expert[expert_begin[e] .. expert_begin[e+1]), each slot index = t*K + k.
@@ -72,7 +72,7 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
     const int64_t begin = buf.expert_begin[e], n = buf.expert_begin[e + 1] - begin;
     if (n > 0)
       buf.mlps.push_back({buf.x_sorted.data() + begin * H, n, w.gate_proj.expert(e), w.up_proj.expert(e),
-                          w.down_proj.expert(e), buf.y_sorted.data() + begin * H});
+                           w.down_proj.expert(e), buf.y_sorted.data() + begin * H});
   }
   buf.mlps.push_back({x, T, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, buf.shared.data()});
   moe_experts(buf.mlps, buf.mlp_scratch);
@@ -85,7 +85,7 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
     axpy(buf.weights[s], buf.y_sorted.data() + i * H, out + (s / K) * H, H);
   }
   buf.shared_gate.resize(T);
-  qmatmul(x, T, w.shared_expert_gate, buf.shared_gate.data());
+  qmatmul({x, T, w.shared_expert_gate, buf.shared_gate.data()});
   for (int64_t t = 0; t < T; ++t) axpy(sigmoid(buf.shared_gate[t]), buf.shared.data() + t * H, out + t * H, H);
 }
 

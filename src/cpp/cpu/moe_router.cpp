@@ -13,8 +13,8 @@
 
 namespace lily::cpu {
 
-void moe_router(const float* logits, int64_t T, int64_t E, int64_t K, bool renormalize, int32_t* experts,
-                float* weights) {
+void moe_router(const ops::MoeRouter& args) {
+  const auto& [logits, T, E, K, renormalize, experts, weights] = args;
   check(E > 0 && K > 0 && K <= E && T >= 0, "moe_router", "need 0 < K <= E, got K ", str(K), ", E ", str(E));
   check(T == 0 || (logits && experts && weights), "moe_router", "missing input or output");
   // Per token: E exps, then a partial sort of E candidates.

@@ -136,9 +136,7 @@ void qmatmul_batch(std::span<const QMatmul> products) {
   });
 }
 
-void qmatmul(const float* x, int64_t T, const QWeight& w, float* y) {
-  const QMatmul product{x, T, w, y};
-  qmatmul_batch({&product, 1});
-}
-
-}  // namespace lily::cpu
+void qmatmul(const ops::QMatmul& args) { qmatmul_batch({&args, 1}); }
+ 
+ }  // namespace lily::cpu
+ 

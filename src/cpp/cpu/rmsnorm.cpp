@@ -10,7 +10,8 @@
 
 namespace lily::cpu {
 
-void rmsnorm(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y) {
+void rmsnorm(const ops::RmsNorm& args) {
+  const auto& [x, rows, dim, w, eps, y] = args;
   check(dim > 0 && rows >= 0, "rmsnorm", "bad shape [", str(rows), ", ", str(dim), "]");
   check(rows == 0 || (x && w && y), "rmsnorm", "missing input, weight or output");
   parallel_for(rows, 3 * dim, [&](int64_t r0, int64_t r1) {

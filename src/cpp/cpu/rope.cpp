@@ -14,7 +14,8 @@
 
 namespace lily::cpu {
 
-void rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim, int64_t pos0, double theta) {
+void rope(const ops::Rope& args) {
+  const auto& [x, T, heads, head_dim, rotary_dim, pos0, theta] = args;
   check(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rope", "rotary_dim ", str(rotary_dim),
         " must be even and in (0, head_dim = ", str(head_dim), "]");
   check(T >= 0 && heads > 0 && pos0 >= 0 && theta > 0, "rope", "bad arguments: T ", str(T), ", heads ",

@@ -1,4 +1,6 @@
-"""The CPU ops (lily._lily.ops) against the plain numpy references in reference/numpy_ops.py.
+"""The ops (lily._lily.ops) against the plain numpy references in reference/numpy_ops.py, on
+every backend that has the op: the CPU's, and where an op takes a device, the CUDA kernels
+(src/cuda/contract; skipped without a GPU) with the tolerances of its contract (src/cpp/ops).
 
 Shapes are deliberately awkward (T = 1, 7, 63, 130; GQA 3:1 and 6 query heads; group sizes
 32/64/128 at 4 and 8 bits). Outputs are compared by relative error ||lily - ref|| / ||ref||
@@ -12,6 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
+import lily
 from lily._lily import ops
 from reference import numpy_ops as ref
 
@@ -27,6 +30,16 @@ def rel_err(got, want):
 
 def randn(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+HAS_CUDA = "cuda" in lily._lily.available_devices()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+# (device, route) of each backend's kernels for the ops that take a device, and the
+# contract's tolerance for each.
+NORM_DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+GATED_DELTA_ROUTES = [("cpu", ""), pytest.param("cuda", "scan", marks=cuda_only),
+                      pytest.param("cuda", "chunked", marks=cuda_only)]
+GATED_DELTA_TOL = {"": 1e-5, "scan": 1e-5, "chunked": 1e-4}
 
 
 @pytest.fixture
@@ -93,21 +106,33 @@ def test_embedding_refuses_bad_ids(rng):
 # ---- norms and RoPE --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", NORM_DEVICES)
 @pytest.mark.parametrize("shape", [(1, 64), (7, 2048), (130, 256), (5, 3, 128)])
-def test_rmsnorm(rng, shape):
+def test_rmsnorm(rng, shape, device):
     x, w = randn(rng, *shape, scale=3.0), randn(rng, shape[-1]) + 1
-    assert rel_err(ops.rmsnorm(x, w, 1e-6), ref.rmsnorm(x, w, 1e-6)) < 1e-6
+    assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6
 
 
-def test_rmsnorm_tiny_input_uses_eps(rng):
+@pytest.mark.parametrize("device", NORM_DEVICES)
+def test_rmsnorm_tiny_input_uses_eps(rng, device):
     x, w = randn(rng, 4, 128, scale=1e-5), np.ones(128, np.float32)
-    assert rel_err(ops.rmsnorm(x, w, 1e-6), ref.rmsnorm(x, w, 1e-6)) < 1e-6
+    assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6
 
 
+@pytest.mark.parametrize("device,tol", [("cpu", 1e-6), pytest.param("cuda", 4e-3, marks=cuda_only)])
 @pytest.mark.parametrize("T", TOKENS)
-def test_gated_rmsnorm(rng, T):
+def test_gated_rmsnorm(rng, T, device, tol):
     x, z, w = randn(rng, T, 6, 128), randn(rng, T, 6, 128, scale=2.0), randn(rng, 128) * 0.1 + 1
-    assert rel_err(ops.gated_rmsnorm(x, z, w, 1e-6), ref.gated_rmsnorm(x, z, w, 1e-6)) < 1e-6
+    assert rel_err(ops.gated_rmsnorm(x, z, w, 1e-6, device=device), ref.gated_rmsnorm(x, z, w, 1e-6)) < tol
+
+
+def test_ops_refuse_an_unknown_device(rng):
+    x, w = randn(rng, 2, 64), np.ones(64, np.float32)
+    with pytest.raises(Exception, match="rmsnorm: device must be 'cpu' or 'cuda', got 'metal'"):
+        ops.rmsnorm(x, w, 1e-6, device="metal")
+    args = gated_delta_inputs(rng, 2, 1, 1, 16, 16)
+    with pytest.raises(Exception, match="gated_delta: route 'scan'"):
+        ops.gated_delta(*args, device="cpu", route="scan")
 
 
 @pytest.mark.parametrize("T", TOKENS)
@@ -188,12 +213,13 @@ def gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv):
 
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(1, 1, 16, 32), (2, 4, 32, 16), (3, 6, 128, 128)])
-def test_gated_delta(rng, T, Hk, Hv, Dk, Dv):
+@pytest.mark.parametrize("device,route", GATED_DELTA_ROUTES)
+def test_gated_delta(rng, T, Hk, Hv, Dk, Dv, device, route):
     args = gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv)
-    o, state = ops.gated_delta(*args)
+    o, state = ops.gated_delta(*args, device=device, route=route)
     o_ref, state_ref = ref.gated_delta(*args)
-    assert rel_err(o, o_ref) < 1e-5
-    assert rel_err(state, state_ref) < 1e-5
+    assert rel_err(o, o_ref) < GATED_DELTA_TOL[route]
+    assert rel_err(state, state_ref) < GATED_DELTA_TOL[route]
 
 
 def test_gated_delta_chunked_equals_one_shot(rng):
@@ -207,22 +233,39 @@ def test_gated_delta_chunked_equals_one_shot(rng):
     np.testing.assert_array_equal(state, s_full)
 
 
-def test_gated_delta_512_decode_steps(rng):
-    """Token-by-token decode over 512 steps stays on the fp32 sequential reference."""
+@pytest.mark.parametrize("device,route", GATED_DELTA_ROUTES)
+def test_gated_delta_512_decode_steps(rng, device, route):
+    """Token-by-token steps over 512 tokens stay on the fp64 sequential reference."""
     T, Hk, Hv, Dk, Dv = 512, 2, 4, 128, 128
     q, k, v, g, beta, state = gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv)
     state[:] = 0
     outs = []
     s = state
     for t in range(T):
-        o, s = ops.gated_delta(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
+        o, s = ops.gated_delta(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s, device=device,
+                               route=route)
         outs.append(o)
     o_ref, s_ref = ref.gated_delta(q, k, v, g, beta, state)
     o = np.concatenate(outs)
-    assert rel_err(o, o_ref) < 1e-5
-    assert rel_err(s, s_ref) < 1e-5
+    tol = GATED_DELTA_TOL[route]
+    assert rel_err(o, o_ref) < tol
+    assert rel_err(s, s_ref) < tol
     # The error does not grow along the sequence: the last 64 tokens are as close as the rest.
-    assert rel_err(o[-64:], o_ref[-64:]) < 1e-5
+    assert rel_err(o[-64:], o_ref[-64:]) < tol
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["scan", "chunked"])
+def test_gated_delta_cuda_over_chunks_of_a_long_prompt(rng, route):
+    """A 600-token prompt in three chunks (the chunked route's 64-token blocks and a ragged tail)."""
+    q, k, v, g, beta, state = gated_delta_inputs(rng, 600, 2, 4, 128, 128)
+    o_ref, s_ref = ref.gated_delta(q, k, v, g, beta, state)
+    parts, s = [], state
+    for a, b in [(0, 256), (256, 511), (511, 600)]:
+        o, s = ops.gated_delta(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, device="cuda", route=route)
+        parts.append(o)
+    assert rel_err(np.concatenate(parts), o_ref) < GATED_DELTA_TOL[route]
+    assert rel_err(s, s_ref) < GATED_DELTA_TOL[route]
 
 
 @pytest.mark.parametrize("T", [1, 63, 130])

@@ -1,0 +1,47 @@
+// Gated DeltaNet: the causal conv, the gates and the recurrence (norm.h says what a
+// contract holds; docs/MODEL.md §4.5 the layer they make).
+#pragma once
+#include <cstdint>
+
+namespace lily::ops {
+
+// gated_delta_conv: causal depthwise conv over time, then SiLU: y[t, c] = silu(sum_j w[c, j] x[t-Kc+1+j, c]),
+// tap Kc-1 on the current token; rows before x come from state, which is updated to the
+// last Kc-1 rows of state ++ x (zeros at the sequence start). Tolerance: cpu 1e-6.
+struct GatedDeltaConv {
+  const float* x = nullptr;  // [T, C]
+  int64_t T = 0, C = 0;
+  const float* w = nullptr;  // [C, Kc]
+  int64_t Kc = 0;
+  float* state = nullptr;    // [Kc-1, C], carried in and out
+  float* y = nullptr;        // [T, C], not aliasing x
+};
+
+// gated_delta_gates: g = -exp(A_log) softplus(a + dt_bias) (log-decay, <= 0), beta = sigmoid(b).
+// Tolerance: cpu 1e-6.
+struct GatedDeltaGates {
+  const float* a = nullptr;  // [T, Hv]
+  const float* b = nullptr;  // [T, Hv]
+  int64_t T = 0, Hv = 0;
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  float* g = nullptr;              // [T, Hv]
+  float* beta = nullptr;           // [T, Hv]
+};
+
+// gated_delta, the gated delta rule, token by token, per value head h (key head h / (Hv/Hk)), state
+// S [Dk, Dv] fp32:  S = exp(g_t) S;  delta = (v_t - S^T k_t) beta_t;  S += k_t (x) delta;
+// o_t = S^T q_t. Tolerance (o and S): cpu 1e-5; cuda 1e-5 (the scan) and 1e-4 (chunked:
+// 3xTF32 products), over 512+ tokens too.
+struct GatedDelta {
+  const float* q = nullptr;     // [T, Hk, Dk], l2-normalised and scaled by Dk^-1/2
+  const float* k = nullptr;     // [T, Hk, Dk], l2-normalised
+  const float* v = nullptr;     // [T, Hv, Dv]
+  const float* g = nullptr;     // [T, Hv] log-decay
+  const float* beta = nullptr;  // [T, Hv]
+  int64_t T = 0, Hk = 0, Hv = 0, Dk = 0, Dv = 0;
+  float* state = nullptr;       // [Hv, Dk, Dv], carried in and out
+  float* o = nullptr;           // [T, Hv, Dv]
+};
+
+}  // namespace lily::ops

@@ -1,0 +1,31 @@
+// The mixture of experts: routing and the experts' SwiGLU MLPs (norm.h says what a
+// contract holds). Token choice after the head is sampling.h's Sampler.
+#pragma once
+#include <cstdint>
+
+#include "weights.h"
+
+namespace lily::ops {
+
+// moe_router: p = softmax(logits[t]) over E in fp32; the K largest p (ties: the lower expert first)
+// into experts and weights, the weights divided by their sum when renormalize.
+// Tolerance: cpu 1e-6 (weights), experts exact.
+struct MoeRouter {
+  const float* logits = nullptr;  // [T, E]
+  int64_t T = 0, E = 0, K = 0;
+  bool renormalize = true;
+  int32_t* experts = nullptr;     // [T, K]
+  float* weights = nullptr;       // [T, K]
+};
+
+// moe_experts, one expert's SwiGLU MLP (a backend may run several at once):
+// y = down(silu(x gate^T) * (x up^T)), gate/up [I, H], down [H, I].
+// Tolerance: cpu 2e-6.
+struct MoeExpert {
+  const float* x = nullptr;  // [T, H]
+  int64_t T = 0;
+  QWeight gate, up, down;
+  float* y = nullptr;        // [T, H]
+};
+
+}  // namespace lily::ops

@@ -1,0 +1,39 @@
+// The norms. A contract (one header per op family, src/cpp/ops/) is what every backend
+// implements for an op: its argument struct of raw row-major arrays (the reference
+// layout; a backend converts to its own), the maths, and the tolerance each backend is
+// held to in tests/test_ops.py: the relative error ||got - ref|| / ||ref|| against the
+// fp64 reference of tests/reference/numpy_ops.py. Map of ops and files: docs/ops.md.
+#pragma once
+#include <cstdint>
+
+namespace lily::ops {
+
+// rmsnorm: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of dim values.
+// Tolerance: cpu 1e-6; cuda 1e-6.
+struct RmsNorm {
+  const float* x = nullptr;  // [rows, dim]
+  int64_t rows = 0, dim = 0;
+  const float* w = nullptr;  // [dim]
+  float eps = 1e-6f;
+  float* y = nullptr;        // [rows, dim]
+};
+
+// gated_rmsnorm, the Gated DeltaNet output norm: y = rmsnorm(x) * w * silu(z) per row of dim (one value
+// head's Dv). Tolerance: cpu 1e-6; cuda 4e-3 (bf16 output: the out-projection's operand).
+struct GatedRmsNorm {
+  const float* x = nullptr;  // [rows, dim]
+  const float* z = nullptr;  // [rows, dim]
+  int64_t rows = 0, dim = 0;
+  const float* w = nullptr;  // [dim]
+  float eps = 1e-6f;
+  float* y = nullptr;        // [rows, dim]
+};
+
+// l2norm: x[r] = x[r] * rsqrt(sum(x[r]^2) + eps) * scale, in place. Tolerance: cpu 1e-6.
+struct L2Norm {
+  float* x = nullptr;  // [rows, dim]
+  int64_t rows = 0, dim = 0;
+  float eps = 1e-6f, scale = 1.0f;
+};
+
+}  // namespace lily::ops

@@ -1,0 +1,27 @@
+// Quantized matmul and the embedding gather over MLX affine weights (weights.h: QWeight;
+// norm.h says what a contract holds).
+#pragma once
+#include <cstdint>
+
+#include "weights.h"
+
+namespace lily::ops {
+
+// qmatmul: y[T, N] = x[T, K] W^T, W = scale q + bias dequantized per group from w ([N, K], one
+// matrix: w.experts == 1), fp32 accumulation. Tolerance: cpu 2e-6.
+struct QMatmul {
+  const float* x = nullptr;  // [T, K]
+  int64_t T = 0;
+  QWeight w;
+  float* y = nullptr;        // [T, N], not aliasing x
+};
+
+// embedding: out[t] = dequant(table[ids[t]]). Tolerance: cpu exact.
+struct Embedding {
+  QWeight table;  // [V, H]
+  const int32_t* ids = nullptr;  // [T], in [0, V)
+  int64_t T = 0;
+  float* out = nullptr;          // [T, H]
+};
+
+}  // namespace lily::ops

@@ -1,0 +1,137 @@
+#include "contract/cuda_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "common/device_buffer.h"
+#include "gated_delta/gated_delta_chunked_prefill.h"
+#include "gated_delta/gated_delta_decode.h"
+#include "gated_delta/gated_rmsnorm_prefill.h"
+#include "norm/rmsnorm_prefill.h"
+
+namespace lily::cuda_ops {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::check;
+
+// n values of host `src` in a fresh device buffer.
+template <typename T>
+DeviceBuffer upload(const T* src, size_t n, const char* what) {
+  DeviceBuffer d(std::max<size_t>(n, 1) * sizeof(T), what);
+  if (n) check(cudaMemcpy(d.as<T>(), src, n * sizeof(T), cudaMemcpyHostToDevice), what);
+  return d;
+}
+
+// A device output of n values, every byte 0xff: NaN as float, so what a kernel leaves
+// unwritten shows.
+template <typename T>
+DeviceBuffer poisoned(size_t n, const char* what) {
+  DeviceBuffer d(std::max<size_t>(n, 1) * sizeof(T), what);
+  check(cudaMemset(d.as<void>(), 0xff, d.bytes()), what);
+  return d;
+}
+
+template <typename T>
+void download(const DeviceBuffer& d, T* dst, size_t n, const char* what) {
+  check(cudaDeviceSynchronize(), what);
+  if (n) check(cudaMemcpy(dst, d.as<T>(), n * sizeof(T), cudaMemcpyDeviceToHost), what);
+}
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+void need(bool ok, const char* op, const char* what) {
+  if (!ok) fail(op, " (cuda): ", what);
+}
+
+}  // namespace
+
+void rmsnorm(const ops::RmsNorm& a) {
+  need(a.dim % 4 == 0, "rmsnorm", "dim must be a multiple of 4");
+  const size_t n = static_cast<size_t>(a.rows) * a.dim;
+  DeviceBuffer x = upload(a.x, n, "rmsnorm x"), w = upload(a.w, a.dim, "rmsnorm w");
+  DeviceBuffer xb = poisoned<uint16_t>(n, "rmsnorm bf16 out"), y = poisoned<float>(n, "rmsnorm out");
+  if (a.rows)
+    cuda::rmsnorm_prefill(x.as<float>(), w.as<float>(), static_cast<int>(a.rows), static_cast<int>(a.dim), a.eps,
+                          xb.as<uint16_t>(), y.as<float>(), nullptr);
+  download(y, a.y, n, "rmsnorm");
+}
+
+void gated_rmsnorm(const ops::GatedRmsNorm& a) {
+  need(a.dim % 16 == 0 && a.dim <= 128, "gated_rmsnorm", "dim must be a multiple of 16 up to 128");
+  const size_t n = static_cast<size_t>(a.rows) * a.dim;
+  DeviceBuffer o = upload(a.x, n, "gated_rmsnorm x"), z = upload(a.z, n, "gated_rmsnorm z");
+  DeviceBuffer w = upload(a.w, a.dim, "gated_rmsnorm w"), out = poisoned<uint16_t>(n, "gated_rmsnorm out");
+  cuda::GdnGatedNormArgs g;
+  g.o = o.as<float>();
+  g.z = z.as<float>();
+  g.ldz = static_cast<int>(a.dim);  // one row of dim a "token" of one head
+  g.w = w.as<float>();
+  g.eps = a.eps;
+  g.out = out.as<uint16_t>();
+  g.T = static_cast<int>(a.rows);
+  g.Hv = 1;
+  g.Dv = static_cast<int>(a.dim);
+  if (a.rows) cuda::gated_rmsnorm_prefill(g, nullptr);
+  std::vector<uint16_t> bits(n);
+  download(out, bits.data(), n, "gated_rmsnorm");
+  for (size_t i = 0; i < n; ++i) a.y[i] = bf16_to_float(bits[i]);
+}
+
+// Calls f(reference index, kernel index) for every element of a [Hv, Dk, Dv] state.
+template <typename F>
+void for_state(int Hv, int Dk, int Dv, F f) {
+  for (int h = 0; h < Hv; ++h)
+    for (int k = 0; k < Dk; ++k)
+      for (int v = 0; v < Dv; ++v)
+        f((static_cast<size_t>(h) * Dk + k) * Dv + v, cuda::gated_delta_state_index(Hv, Dk, Dv, h, k, v));
+}
+
+void gated_delta(const ops::GatedDelta& a, bool chunked) {
+  const int T = static_cast<int>(a.T), Hk = static_cast<int>(a.Hk), Hv = static_cast<int>(a.Hv);
+  const int Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
+  need(Dk % 16 == 0 && Dk <= 128 && Dv % 16 == 0 && Dv <= 128, "gated_delta",
+       "Dk and Dv must be multiples of 16 up to 128");
+  need(Hk > 0 && Hv % Hk == 0, "gated_delta", "value heads must be a multiple of key heads");
+  const size_t nq = static_cast<size_t>(T) * Hk * Dk, nv = static_cast<size_t>(T) * Hv * Dv;
+  const size_t ng = static_cast<size_t>(T) * Hv, ns = static_cast<size_t>(Hv) * Dk * Dv;
+  // The kernels take the decay itself, and the state in gated_delta_decode's layout.
+  std::vector<float> decay(ng), state(ns);
+  for (size_t i = 0; i < ng; ++i) decay[i] = std::exp(a.g[i]);
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { state[dev] = a.state[ref]; });
+  DeviceBuffer q = upload(a.q, nq, "gated_delta q"), k = upload(a.k, nq, "gated_delta k");
+  DeviceBuffer v = upload(a.v, nv, "gated_delta v"), beta = upload(a.beta, ng, "gated_delta beta");
+  DeviceBuffer dec = upload(decay.data(), ng, "gated_delta decay"), s = upload(state.data(), ns, "gated_delta state");
+  DeviceBuffer o = poisoned<float>(nv, "gated_delta o");
+  cuda::GdnChunkedPrefillArgs g;
+  g.q = q.as<float>();
+  g.k = k.as<float>();
+  g.v = v.as<float>();
+  g.beta = beta.as<float>();
+  g.decay = dec.as<float>();
+  g.state = s.as<float>();
+  g.o = o.as<float>();
+  g.T = T, g.Hk = Hk, g.Hv = Hv, g.Dk = Dk, g.Dv = Dv;
+  DeviceBuffer scratch;
+  if (T > 0 && chunked) {
+    g.scratch_bytes = cuda::gated_delta_chunked_prefill_scratch_bytes(T, Hv, Dk, Dv);
+    scratch = DeviceBuffer(g.scratch_bytes, "gated_delta chunk scratch");
+    g.scratch = scratch.as<void>();
+    cuda::gated_delta_chunked_prefill(g, nullptr);
+  } else if (T > 0) {
+    cuda::gated_delta_scan_prefill(g, nullptr);
+  }
+  download(o, a.o, nv, "gated_delta o");
+  download(s, state.data(), ns, "gated_delta state");
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
+}
+
+}  // namespace lily::cuda_ops
