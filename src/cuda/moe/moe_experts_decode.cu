@@ -271,6 +271,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   __shared__ int s_ids[kMoeMaxTopK];                     // one token: its experts
   __shared__ int s_union[kMoeMaxTopK * kMaxStepRows];  // token t's slot j -> union index (t k + j)
   __shared__ float s_w[kMaxStepRows][kMoeMaxTopK + 1];  // routing weights, the shared gate last
+  // Several tokens: union expert u's id, and each token's slot holding it (-1: none), so a
+  // pair's lookups are shared loads, not the union's shuffles and ballots (perf-log §15).
+  __shared__ int s_expert[kMoeMaxTopK * kMaxStepRows];
+  __shared__ int s_slot[kMoeMaxTopK * kMaxStepRows][kMaxStepRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kOuts = (16 * T + WARPS - 1) / WARPS;  // output rows a warp sums: 16 T in all
 
@@ -282,6 +286,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     if (T == 1) s_ids[threadIdx.x] = un.lane_id;
   }
   if (threadIdx.x < T) s_w[threadIdx.x][k] = __ldcg(shared_gate + threadIdx.x);
+  if (T > 1 && warp == 0) {
+    for (int i = lane; i < kMoeMaxTopK * kMaxStepRows * kMaxStepRows; i += 32) (&s_slot[0][0])[i] = -1;
+    __syncwarp();
+    if (lane < T * k) {  // lane = token t's slot j (t k + j); token t takes each expert once
+      s_slot[un.lane_u][lane / k] = lane % k;
+      if ((un.first >> lane) & 1u) s_expert[un.lane_u] = un.lane_id;
+    }
+  }
   __syncthreads();
   const int routed = un.n * gI, n_pairs = routed + gS;
   // Pair p's expert index x (un.n: the shared expert) and group.
@@ -289,7 +301,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     x = p < routed ? p / gI : un.n;
     g = p < routed ? p - x * gI : p - routed;
   };
-  auto expert = [&](int x) { return T == 1 ? s_ids[x] : un.expert(x); };
+  auto expert = [&](int x) { return T == 1 ? s_ids[x] : s_expert[x]; };
   // Chunk j of this warp's pairs for row block rb.
   auto load = [&](PairTiles<U>& tl, int j, int rb) {
 #pragma unroll
@@ -355,9 +367,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             int sb = k;
             sc = k;
             if (x < un.n) {
-              const int e = un.expert(x);
-              sb = max(un.slot_of(e, tb, k), 0);
-              sc = un.slot_of(e, min(tc, T - 1), k);
+              sb = max(s_slot[x][tb], 0);
+              sc = s_slot[x][min(tc, T - 1)];
             }
             gb = sb * gI + g;
             gc = max(sc, 0) * gI + g;
