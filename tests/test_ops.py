@@ -36,7 +36,7 @@ HAS_CUDA = "cuda" in lily._lily.available_devices()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 # (device, route) of each backend's kernels for the ops that take a device, and the
 # contract's tolerance for each.
-NORM_DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]  # the ops with one kernel a backend
 GATED_DELTA_ROUTES = [("cpu", ""), pytest.param("cuda", "scan", marks=cuda_only),
                       pytest.param("cuda", "chunked", marks=cuda_only)]
 GATED_DELTA_TOL = {"": 1e-5, "scan": 1e-5, "chunked": 1e-4}
@@ -56,6 +56,23 @@ def test_qmatmul(rng, T, group_size, bits):
     w = ref.random_qweight(rng, 37, 256, group_size=group_size, bits=bits)
     x = randn(rng, T, 256)
     assert rel_err(ops.qmatmul(x, w), ref.qmatmul(x, w)) < 2e-6
+
+
+# The CUDA kernels (contract tolerances, src/cpp/ops/qmatmul.h): qmatmul_decode on MLX-order
+# weights (any 4/8-bit group) and on tensor-core tiles (x as bf16 hi + lo), the prefill GEMM
+# (x in bf16).
+QMATMUL_CUDA = [("decode", 1e-5, 64, 4), ("decode", 1e-5, 128, 8), ("decode", 1e-5, 32, 4),
+                ("decode_tiles", 1e-4, 64, 4), ("prefill", 1e-2, 64, 4)]
+
+
+@cuda_only
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("route,tol,group_size,bits", QMATMUL_CUDA)
+@pytest.mark.parametrize("N,K", [(37, 256), (300, 2048)])
+def test_qmatmul_cuda(rng, T, route, tol, group_size, bits, N, K):
+    w = ref.random_qweight(rng, N, K, group_size=group_size, bits=bits)
+    x = randn(rng, T, K)
+    assert rel_err(ops.qmatmul(x, w, device="cuda", route=route), ref.qmatmul(x, w)) < tol
 
 
 def test_qmatmul_large(rng):
@@ -96,24 +113,34 @@ def test_embedding(rng, T):
     np.testing.assert_array_equal(ops.embedding(ids, table), ref.embedding(ids, table))
 
 
-def test_embedding_refuses_bad_ids(rng):
+@cuda_only
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("group_size,bits", [(64, 4), (32, 4), (64, 8)])
+def test_embedding_cuda(rng, T, group_size, bits):
+    table = ref.random_qweight(rng, 500, 256, group_size=group_size, bits=bits)
+    ids = rng.integers(0, 500, size=T).astype(np.int32)
+    assert rel_err(ops.embedding(ids, table, device="cuda"), ref.embedding(ids, table)) < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_refuses_bad_ids(rng, device):
     table = ref.random_qweight(rng, 50, 64)
     for bad in (-1, 50):
         with pytest.raises(Exception, match="embedding.*token id"):
-            ops.embedding(np.array([0, bad], np.int32), table)
+            ops.embedding(np.array([0, bad], np.int32), table, device=device)
 
 
 # ---- norms and RoPE --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", NORM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(1, 64), (7, 2048), (130, 256), (5, 3, 128)])
 def test_rmsnorm(rng, shape, device):
     x, w = randn(rng, *shape, scale=3.0), randn(rng, shape[-1]) + 1
     assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6
 
 
-@pytest.mark.parametrize("device", NORM_DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
 def test_rmsnorm_tiny_input_uses_eps(rng, device):
     x, w = randn(rng, 4, 128, scale=1e-5), np.ones(128, np.float32)
     assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6

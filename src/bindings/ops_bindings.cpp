@@ -138,23 +138,38 @@ Backend backend_of(const std::string& device, const char* op) {
   fail(op, ": device must be 'cpu' or 'cuda', got '", device, "'");
 }
 
-Out<float> qmatmul(In<float> x, nb::handle weight) {
+Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, const std::string& route) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
+  const Backend b = backend_of(device, "qmatmul");
+  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
+    fail("qmatmul: route '", route, "' is not one of ",
+         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (cpu)");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
+  const ops::QMatmul args{x.data(), T, q.w, yp};
   nb::gil_scoped_release nogil;
-  cpu::qmatmul({x.data(), T, q.w, yp});
+  if (b == Backend::Cpu) cpu::qmatmul(args);
+#ifdef LILY_HAS_CUDA
+  else cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
+                               : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles
+                                                         : cuda_ops::QMatmulRoute::Decode);
+#endif
   return y;
 }
 
-Out<float> embedding(In<int32_t> ids, nb::handle table) {
+Out<float> embedding(In<int32_t> ids, nb::handle table, const std::string& device) {
   PyQWeight q(table, "embedding", "table");
   need(ids, {-1}, "embedding", "ids");
+  const Backend b = backend_of(device, "embedding");
   const int64_t T = ids.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.cols)});
+  const ops::Embedding args{q.w, ids.data(), T, yp};
   nb::gil_scoped_release nogil;
-  cpu::embedding({q.w, ids.data(), T, yp});
+  if (b == Backend::Cpu) cpu::embedding(args);
+#ifdef LILY_HAS_CUDA
+  else cuda_ops::embedding(args);
+#endif
   return y;
 }
 
@@ -428,9 +443,10 @@ std::vector<std::tuple<int64_t, int64_t, bool>> parallel_ranges(int64_t n, int64
 void register_ops(nb::module_& m) {
   nb::module_ ops = m.def_submodule("ops", "lily's ops on numpy arrays, for tests: the CPU's, and with device='cuda' "
                                            "the CUDA kernels of those that take one");
-  ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"),
+  ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"), nb::arg("device") = "cpu", nb::arg("route") = "",
           "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits)");
-  ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), "rows ids of the quantized table [V, H]");
+  ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), nb::arg("device") = "cpu",
+          "rows ids of the quantized table [V, H]");
   ops.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("eps"), nb::arg("device") = "cpu",
           "x * rsqrt(mean(x^2) + eps) * w");
   ops.def("gated_rmsnorm", &gated_rmsnorm, nb::arg("x"), nb::arg("z"), nb::arg("w"), nb::arg("eps"),

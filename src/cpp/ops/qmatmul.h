@@ -8,7 +8,8 @@
 namespace lily::ops {
 
 // qmatmul: y[T, N] = x[T, K] W^T, W = scale q + bias dequantized per group from w ([N, K], one
-// matrix: w.experts == 1), fp32 accumulation. Tolerance: cpu 2e-6.
+// matrix: w.experts == 1), fp32 accumulation. Tolerance: cpu 2e-6; cuda 1e-5 (decode, MLX
+// order), 1e-4 (decode on tensor-core tiles: x as bf16 hi + lo), 1e-2 (prefill: x in bf16).
 struct QMatmul {
   const float* x = nullptr;  // [T, K]
   int64_t T = 0;
@@ -16,7 +17,7 @@ struct QMatmul {
   float* y = nullptr;        // [T, N], not aliasing x
 };
 
-// embedding: out[t] = dequant(table[ids[t]]). Tolerance: cpu exact.
+// embedding: out[t] = dequant(table[ids[t]]). Tolerance: cpu exact; cuda 1e-6.
 struct Embedding {
   QWeight table;  // [V, H]
   const int32_t* ids = nullptr;  // [T], in [0, V)

@@ -10,12 +10,17 @@
 #include "gated_delta/gated_delta_chunked_prefill.h"
 #include "gated_delta/gated_delta_decode.h"
 #include "gated_delta/gated_rmsnorm_prefill.h"
+#include "norm/embedding_prefill.h"
 #include "norm/rmsnorm_prefill.h"
+#include "qmatmul/qmatmul_decode.h"
+#include "qmatmul/qmatmul_prefill.h"
+#include "step/cuda_weights.h"
 
 namespace lily::cuda_ops {
 namespace {
 
 using cuda::DeviceBuffer;
+using cuda::QMat;
 using cuda::check;
 
 // n values of host `src` in a fresh device buffer.
@@ -50,6 +55,13 @@ float bf16_to_float(uint16_t b) {
 
 void need(bool ok, const char* op, const char* what) {
   if (!ok) fail(op, " (cuda): ", what);
+}
+
+// bf16 of x, round to nearest even (x finite).
+uint16_t float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 }  // namespace
@@ -132,6 +144,57 @@ void gated_delta(const ops::GatedDelta& a, bool chunked) {
   download(o, a.o, nv, "gated_delta o");
   download(s, state.data(), ns, "gated_delta state");
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
+}
+
+void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
+  const int T = static_cast<int>(a.T), N = static_cast<int>(a.w.rows), K = static_cast<int>(a.w.cols);
+  const bool tiles = route != QMatmulRoute::Decode;
+  need(a.w.experts == 1, "qmatmul", "takes one matrix, not a stack");
+  need(!tiles || (a.w.bits == 4 && a.w.group_size == 64 && K % 64 == 0), "qmatmul",
+       "tensor-core tiles need 4-bit group-64 weights, K a multiple of 64");
+  std::vector<DeviceBuffer> owned;
+  const QMat W = cuda::upload_qmat({a.w}, "qmatmul weight", tiles ? cuda::Layout::Tiles : cuda::Layout::Mlx, 0, owned);
+  const size_t nx = static_cast<size_t>(T) * K, ny = static_cast<size_t>(T) * N;
+  DeviceBuffer y = poisoned<float>(ny, "qmatmul y");
+  if (route == QMatmulRoute::Prefill) {
+    std::vector<uint16_t> xb(nx);
+    for (size_t i = 0; i < nx; ++i) xb[i] = float_to_bf16(a.x[i]);
+    DeviceBuffer x = upload(xb.data(), nx, "qmatmul x");
+    cuda::GemmArgs g;
+    g.W = W;
+    g.x = x.as<uint16_t>();
+    g.ldx = K;
+    g.M = T;
+    g.y = y.as<float>();
+    g.ldy = N;
+    cuda::qmatmul_prefill(g, 64, nullptr);
+    download(y, a.y, ny, "qmatmul");
+    return;
+  }
+  DeviceBuffer x = upload(a.x, nx, "qmatmul x");
+  const int step = tiles ? cuda::kMaxStepRows : 1;  // rows a launch
+  for (int t = 0; t < T; t += step) {
+    cuda::XSpec X;
+    X.x = x.as<float>() + static_cast<size_t>(t) * K;
+    cuda::YSpec Y;
+    Y.y = y.as<float>() + static_cast<size_t>(t) * N;
+    cuda::qmatmul_decode(W, X, Y, nullptr, nullptr, std::min(step, T - t));
+  }
+  download(y, a.y, ny, "qmatmul");
+}
+
+void embedding(const ops::Embedding& a) {
+  const int T = static_cast<int>(a.T), H = static_cast<int>(a.table.cols);
+  for (int t = 0; t < T; ++t)  // the gather trusts its ids (the executor checks prompts)
+    if (a.ids[t] < 0 || a.ids[t] >= a.table.rows)
+      fail("embedding: token id ", std::to_string(a.ids[t]), " at index ", std::to_string(t), " is outside [0, ",
+           std::to_string(a.table.rows), ")");
+  std::vector<DeviceBuffer> owned;
+  const QMat E = cuda::upload_qmat({a.table}, "embedding table", cuda::Layout::Mlx, 0, owned);
+  DeviceBuffer ids = upload(a.ids, a.T, "embedding ids");
+  DeviceBuffer out = poisoned<float>(static_cast<size_t>(T) * H, "embedding out");
+  if (T) cuda::embedding_prefill(E, ids.as<int>(), T, out.as<float>(), nullptr);
+  download(out, a.out, static_cast<size_t>(T) * H, "embedding");
 }
 
 }  // namespace lily::cuda_ops

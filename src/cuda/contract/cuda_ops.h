@@ -6,8 +6,16 @@
 #pragma once
 #include "ops/gated_delta.h"
 #include "ops/norm.h"
+#include "ops/qmatmul.h"
 
 namespace lily::cuda_ops {
+
+// The decode and prefill kernels of a quantized matmul: Decode, qmatmul_decode one row at a
+// time on MLX-order weights (fp32 dot); DecodeTiles, on tensor-core tiles, up to 4 rows a
+// launch; Prefill, the exact tensor-core GEMM of qmatmul_prefill (bf16 x).
+enum class QMatmulRoute { Decode, DecodeTiles, Prefill };
+void qmatmul(const ops::QMatmul& a, QMatmulRoute route);
+void embedding(const ops::Embedding& a);  // embedding_prefill
 
 void rmsnorm(const ops::RmsNorm& a);              // rmsnorm_prefill, its fp32 output
 void gated_rmsnorm(const ops::GatedRmsNorm& a);   // gated_rmsnorm_prefill (bf16 output)

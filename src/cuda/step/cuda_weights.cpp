@@ -28,14 +28,13 @@ const float* DeviceWeights::upload_floats(const std::vector<float>& v, const std
 
 const float* DeviceWeights::upload_dense(const Dense& d, const std::string& what) { return upload_floats(d.values, what); }
 
-// Concatenates the rows of `parts` (each possibly a stack of experts) into one matrix.
 Layout DeviceWeights::tiles_if_eligible(const QWeight& w) const {
   const bool ok = tensor_cores && w.bits == 4 && w.group_size == 64 && w.cols % 64 == 0 && w.cols <= 4096;
   return ok ? Layout::Tiles : Layout::Mlx;
 }
 
-QMat DeviceWeights::upload_stack(const std::vector<QWeight>& parts, const std::string& what, Layout layout,
-                                 int interleave) {
+QMat upload_qmat(const std::vector<QWeight>& parts, const std::string& what, Layout layout, int interleave,
+                 std::vector<DeviceBuffer>& owned) {
   const QWeight& f = parts.front();
   int64_t rows = 0;
   for (const QWeight& p : parts) {
@@ -83,9 +82,15 @@ QMat DeviceWeights::upload_stack(const std::vector<QWeight>& parts, const std::s
   }
   m.codes = codes.as<uint4>();
   m.sb = sb.as<uint32_t>();
-  bytes += codes.bytes() + sb.bytes();
-  owned_.push_back(std::move(codes));
-  owned_.push_back(std::move(sb));
+  owned.push_back(std::move(codes));
+  owned.push_back(std::move(sb));
+  return m;
+}
+
+QMat DeviceWeights::upload_stack(const std::vector<QWeight>& parts, const std::string& what, Layout layout,
+                                 int interleave) {
+  const QMat m = upload_qmat(parts, what, layout, interleave, owned_);
+  bytes += owned_[owned_.size() - 2].bytes() + owned_.back().bytes();
   return m;
 }
 

@@ -38,6 +38,11 @@ struct DeviceLayer {
 // tensor-core tile order (4-bit, group 64), optionally with expert gate/up rows interleaved.
 enum class Layout { Mlx, Tiles, GateUpTiles };
 
+// The rows of `parts` (each possibly a stack of experts) as one matrix on the device, its
+// buffers appended to `owned`. interleave: GateUpTiles' rows per expert half.
+QMat upload_qmat(const std::vector<QWeight>& parts, const std::string& what, Layout layout, int interleave,
+                 std::vector<DeviceBuffer>& owned);
+
 class DeviceWeights {
  public:
   DeviceWeights(const ModelWeights& w, bool tensor_cores);
