@@ -141,7 +141,7 @@ class CudaExecutor : public Executor {
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
       prefill_route_ = "token by token (" + why + ")";
     else
-      prefill_route_ = "chunked";
+      prefill_route_ = "chunked", chunked_prefill_ = true;
   }
   ~CudaExecutor() override {
     cudaSetDevice(device_);
@@ -208,7 +208,8 @@ class CudaExecutor : public Executor {
   std::unique_ptr<Workspace> ws_;
   int32_t* staging_ = nullptr;  // pinned token ids for host-to-device copies
   int64_t staging_cap_ = 0;
-  std::string prefill_route_;
+  std::string prefill_route_;   // for prefill_route(): "chunked" or why not
+  bool chunked_prefill_ = false;
   int prefill_min_ = 2;  // shorter feeds run through the decode step
   int verify_rows_ = 0;  // the most tokens a verify step takes (verify_rows_limit), and why no more
   std::string verify_why_;
@@ -302,7 +303,7 @@ void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n
                                  float* all_logits) {
   CudaSession& s = cs(base);
   check(cudaSetDevice(device_), "cudaSetDevice");
-  if (prefill_route_ == "chunked" && n >= prefill_min_) {
+  if (chunked_prefill_ && n >= prefill_min_) {
     // At most kMaxPrefillChunk tokens per pass: one grid row per token (embedding), and
     // grouped-GEMM tile lists under 65,536 blocks.
     constexpr int64_t kMaxPrefillChunk = 16384;

@@ -215,7 +215,7 @@ struct Chunk {
   }
 };
 
-void gdn_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
+void gated_delta_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
   const ModelConfig& c = k.c;
   PrefillWorkspace& ws = k.ws;
   const int gdn_rows = static_cast<int>(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads);
@@ -223,39 +223,15 @@ void gdn_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
   const int Dk = static_cast<int>(c.linear_key_head_dim), Dv = static_cast<int>(c.linear_value_head_dim);
   k.project(L.gdn_in, ws.xb, k.H, ws.proj, gdn_rows, GemmEpilogue::Store);
   k.mark("gemm mixer in");
-  GdnConvPrefillArgs conv;
-  conv.proj = ws.proj;
-  conv.ldp = gdn_rows;
-  conv.conv_w = L.conv_w;
-  conv.ring = k.s.ring[lin];
-  conv.dt_bias = L.dt_bias;
-  conv.neg_A = L.neg_A;
-  conv.q = ws.q;
-  conv.k = ws.k;
-  conv.v = ws.v;
-  conv.beta = ws.beta;
-  conv.decay = ws.decay;
-  conv.T = k.T;
-  conv.pos0 = k.pos0;
-  conv.Hk = Hk;
-  conv.Hv = Hv;
-  conv.Dk = Dk;
-  conv.Dv = Dv;
+  const GdnConvPrefillArgs conv{.proj = ws.proj, .ldp = gdn_rows, .conv_w = L.conv_w, .ring = k.s.ring[lin],
+                                .dt_bias = L.dt_bias, .neg_A = L.neg_A, .q = ws.q, .k = ws.k, .v = ws.v,
+                                .beta = ws.beta, .decay = ws.decay, .T = k.T, .pos0 = k.pos0,
+                                .Hk = Hk, .Hv = Hv, .Dk = Dk, .Dv = Dv};
   gated_delta_conv_prefill(conv, k.stream);
   k.mark("gdn conv");
-  GdnScanPrefillArgs x;
-  x.q = ws.q;
-  x.k = ws.k;
-  x.v = ws.v;
-  x.beta = ws.beta;
-  x.decay = ws.decay;
-  x.state = k.s.state[k.parity][lin];
-  x.o = ws.o;
-  x.T = k.T;
-  x.Hk = Hk;
-  x.Hv = Hv;
-  x.Dk = Dk;
-  x.Dv = Dv;
+  const GdnScanPrefillArgs x{.q = ws.q, .k = ws.k, .v = ws.v, .beta = ws.beta, .decay = ws.decay,
+                             .state = k.s.state[k.parity][lin], .o = ws.o, .T = k.T,
+                             .Hk = Hk, .Hv = Hv, .Dk = Dk, .Dv = Dv};
   if (k.opt.gdn_chunked(k.T)) {
     GdnChunkedPrefillArgs cx;
     static_cast<GdnScanPrefillArgs&>(cx) = x;
@@ -266,16 +242,8 @@ void gdn_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
     gated_delta_scan_prefill(x, k.stream);
   }
   k.mark("gdn recurrence");
-  GdnGatedNormArgs norm;
-  norm.o = ws.o;
-  norm.z = ws.proj + c.gdn_conv_dim();
-  norm.ldz = gdn_rows;
-  norm.w = L.gdn_norm;
-  norm.eps = k.eps;
-  norm.out = ws.xb;
-  norm.T = k.T;
-  norm.Hv = Hv;
-  norm.Dv = Dv;
+  const GdnGatedNormArgs norm{.o = ws.o, .z = ws.proj + c.gdn_conv_dim(), .ldz = gdn_rows, .w = L.gdn_norm,
+                              .eps = k.eps, .out = ws.xb, .T = k.T, .Hv = Hv, .Dv = Dv};
   gated_rmsnorm_prefill(norm, k.stream);
   k.mark("gdn gated norm");
   k.project(L.gdn_out, ws.xb, static_cast<int>(c.gdn_value_dim()), ws.h, k.H, GemmEpilogue::Add);
@@ -400,7 +368,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
     rmsnorm_prefill(ws.h, L.input_norm, T, k.H, k.eps, ws.xb, nullptr, stream);
     k.mark("rmsnorm");
     if (L.kind == LayerKind::Linear)
-      gdn_mixer(k, L, lin++);
+      gated_delta_mixer(k, L, lin++);
     else
       attention_mixer(k, L, full++);
     moe_block(k, L);
