@@ -52,9 +52,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   cluster.sync();  // release/acquire: block 0 sees every logit
   if (rank != 0) return;
   if (warp < T)
-    route_topk(logits + warp * ls, E, k, norm_topk != 0, out.ids + warp * k, out.weights + warp * k, out.shared_gate + warp);
+    moe_topk(logits + warp * ls, E, k, norm_topk != 0, out.ids + warp * k, out.weights + warp * k, out.shared_gate + warp);
   timeline_mark(1);  // block 0 has routed (thread 0 is in warp 0)
-  if (out.logits)  // route_topk only reads them
+  if (out.logits)  // moe_topk only reads them
     for (int i = threadIdx.x; i < T * (E + 1); i += blockDim.x) out.logits[i] = logits[(i / (E + 1)) * ls + i % (E + 1)];
 }
 

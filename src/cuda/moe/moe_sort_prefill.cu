@@ -205,8 +205,8 @@ namespace moe_route_detail {
 
 void launch_route_sort(const MoeRouteArgs& a, int splits, cudaStream_t stream) {
   const dim3 grid((a.T + kTokensPerBlock - 1) / kTokensPerBlock);
-  if (a.E <= 256) launch("moe_route_topk", topk_kernel<8>, grid, dim3(kThreads), 0, stream, a, splits);
-  else launch("moe_route_topk", topk_kernel<16>, grid, dim3(kThreads), 0, stream, a, splits);
+  if (a.E <= 256) launch("moe_topk_prefill", topk_kernel<8>, grid, dim3(kThreads), 0, stream, a, splits);
+  else launch("moe_topk_prefill", topk_kernel<16>, grid, dim3(kThreads), 0, stream, a, splits);
   const int n_slots = a.T * a.k;
   launch("moe_route_scatter", scatter_kernel, dim3((n_slots + kThreads - 1) / kThreads), dim3(kThreads), 0, stream,
          a.expert_ids, n_slots, a.k, a.cursor, a.x_rows, a.y_rows);

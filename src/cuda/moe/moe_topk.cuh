@@ -21,15 +21,15 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-// Bytes of route_topk's shared memory, logits [E + 1], rounded up to 16 (what a kernel
+// Bytes of moe_topk's shared memory, logits [E + 1], rounded up to 16 (what a kernel
 // places after them stays 16-byte aligned).
 __host__ __device__ constexpr int route_smem_bytes(int E) { return ((E + 1) * 4 + 15) / 16 * 16; }
 
-// route_topk for E <= 32 * EPL: lane l holds p of experts l + 32i in registers and keeps
+// moe_topk for E <= 32 * EPL: lane l holds p of experts l + 32i in registers and keeps
 // the key of its best untaken one, so a round is two warp reductions and a rescan by the
 // lane that lost its best.
 template <int EPL>
-__device__ void route_topk_lanes(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
+__device__ void moe_topk_lanes(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
                                  float* shared_gate) {
   const int lane = threadIdx.x & 31;
   float m = -FLT_MAX;
@@ -88,11 +88,11 @@ __device__ void route_topk_lanes(const float* logits, int E, int k, bool norm_to
 // ids[j], w[j] for j < k (w renormalised over the k when norm_topk, else softmax
 // probabilities), and *shared_gate = sigmoid(logits[E]). logits: E + 1 floats of shared
 // memory. Ties go to the lower id (the CPU reference's rule).
-static_assert(kMoeMaxExperts <= 32 * 32, "route_topk_lanes marks a lane's taken experts in 32 bits");
-__device__ inline void route_topk(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
+static_assert(kMoeMaxExperts <= 32 * 32, "moe_topk_lanes marks a lane's taken experts in 32 bits");
+__device__ inline void moe_topk(const float* logits, int E, int k, bool norm_topk, int* ids, float* w,
                                   float* shared_gate) {
-  if (E <= 256) route_topk_lanes<8>(logits, E, k, norm_topk, ids, w, shared_gate);
-  else route_topk_lanes<kMoeMaxExperts / 32>(logits, E, k, norm_topk, ids, w, shared_gate);
+  if (E <= 256) moe_topk_lanes<8>(logits, E, k, norm_topk, ids, w, shared_gate);
+  else moe_topk_lanes<kMoeMaxExperts / 32>(logits, E, k, norm_topk, ids, w, shared_gate);
 }
 
 }  // namespace lily::cuda
