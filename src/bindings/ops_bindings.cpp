@@ -12,6 +12,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <limits>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -36,12 +38,15 @@ using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Out = nb::ndarray<nb::numpy, T>;
 
-// A fresh zero-filled numpy array and its data pointer.
+// A fresh numpy array for an op's output and its data pointer, poisoned (NaN, or -1 for
+// ids) so that an element the op leaves unwritten fails its test.
 template <typename T>
 std::pair<Out<T>, T*> new_array(const std::vector<size_t>& shape) {
   size_t n = 1;
   for (size_t s : shape) n *= s;
-  T* data = new T[std::max<size_t>(n, 1)]();
+  T* data = new T[std::max<size_t>(n, 1)];
+  std::fill(data, data + std::max<size_t>(n, 1),
+            std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(-1));
   nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
   return {Out<T>(data, shape.size(), shape.data(), owner), data};
 }
