@@ -26,9 +26,9 @@ struct AttnArgs {
   const float* inv_freq = nullptr;  // [rot_dim / 2] RoPE inverse frequencies (rope_inv_freq)
   int Hq = 0, Hkv = 0, D = 0, rot_dim = 0;
   float eps = 1e-6f;
-  int max_splits = 64;  // blocks per KV head (<= 256; 64 measured fastest at 32K-128K)
-  // Keys per split at least (128 measured best at 4K against 64 and 256): contexts up to
-  // this use one block per KV head.
+  int max_splits = 64;  // blocks per KV head (<= 256; the measured best at 32K-128K: perf-log §6)
+  // Keys per split at least (the measured best at 4K: perf-log §12): contexts up to this
+  // use one block per KV head.
   int min_chunk = 128;
 };
 

@@ -56,8 +56,8 @@ __device__ __forceinline__ void timeline_mark(int j) {
 // Trigger: here rather than after the kernel's work, so the dependent launches during this
 // kernel (once all of its blocks have passed their wait); its blocks take what room a
 // multiprocessor has left, beside this kernel's or as they leave, and run their prologue
-// (weights and other early loads, before their own wait) during this kernel's tail (decode
-// +12 % at 4K on the H200, perf-log 13). As safe as a trigger at the end: once this wait
+// (weights and other early loads, before their own wait) during this kernel's tail
+// (perf-log §13). As safe as a trigger at the end: once this wait
 // has returned, the kernel launched before this one has completed, so what the dependent
 // reads before its wait (written two or more launches back) is final.
 // Halt: halt is &DecodeCtl::halt or null. Only a step's token choice writes the flag (and
