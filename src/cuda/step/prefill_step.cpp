@@ -256,26 +256,13 @@ void attention_mixer(const Chunk& k, const DeviceLayer& L, int full) {
   const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
   k.project(L.attn_in, ws.xb, k.H, ws.proj, attn_rows, GemmEpilogue::Store);
   k.mark("gemm mixer in");
-  AttnPrefillArgs a;
-  a.proj = ws.proj;
-  a.ldp = attn_rows;
-  a.q_norm = L.q_norm;
-  a.k_norm = L.k_norm;
-  a.inv_freq = k.W.rope_inv_freq;
-  a.k_cache = k.s.k_cache[full];
-  a.v_cache = k.s.v_cache[full];
-  a.scratch = ws.attn_scratch;
-  a.scratch_bytes = ws.attn_scratch_bytes;
-  a.ctx = k.s.ctx;
-  a.out = ws.xb;
-  a.pos0 = k.pos0;
-  a.T = k.T;
-  a.Hq = static_cast<int>(c.num_attention_heads);
-  a.Hkv = static_cast<int>(c.num_key_value_heads);
-  a.D = static_cast<int>(c.head_dim);
-  a.rot_dim = static_cast<int>(c.rotary_dim());
-  a.eps = k.eps;
-  a.route = k.opt.attn;
+  const AttnPrefillArgs a{.proj = ws.proj, .ldp = attn_rows, .q_norm = L.q_norm, .k_norm = L.k_norm,
+                          .inv_freq = k.W.rope_inv_freq, .k_cache = k.s.k_cache[full], .v_cache = k.s.v_cache[full],
+                          .out = ws.xb, .scratch = ws.attn_scratch, .scratch_bytes = ws.attn_scratch_bytes,
+                          .T = k.T, .pos0 = k.pos0, .ctx = k.s.ctx,
+                          .Hq = static_cast<int>(c.num_attention_heads), .Hkv = static_cast<int>(c.num_key_value_heads),
+                          .D = static_cast<int>(c.head_dim), .rot_dim = static_cast<int>(c.rotary_dim()),
+                          .eps = k.eps, .route = k.opt.attn};
   attention_prefill(a, k.stream);
   k.mark("attention");
   k.project(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), ws.h, k.H, GemmEpilogue::Add);
@@ -292,27 +279,12 @@ void moe_block(const Chunk& k, const DeviceLayer& L) {
   const int rows = k.T * top_k, max_tiles = moe_max_tiles(rows, ws.tile_m, E);
   rmsnorm_prefill(ws.h, L.post_norm, k.T, k.H, k.eps, ws.xb, ws.xf, k.stream);
   k.mark("rmsnorm");
-  MoeRouteArgs r;
-  r.router = L.router;
-  r.x = ws.xf;
-  r.T = k.T;
-  r.E = E;
-  r.k = top_k;
-  r.norm_topk = c.norm_topk_prob;
-  r.tile_m = ws.tile_m;
-  r.route_w = ws.route_w;
-  r.expert_ids = ws.expert_ids;
-  r.shared_logit = ws.shared_logit;
-  r.counts = ws.counts;
-  r.offsets = ws.offsets;
-  r.partials = ws.router_partials;
-  r.cursor = ws.cursor;
-  r.counter = ws.route_counter;
-  r.x_rows = ws.x_rows;
-  r.y_rows = ws.y_rows;
-  r.tiles = ws.tiles;
-  r.n_tiles = ws.n_tiles;
-  r.max_tiles = max_tiles;
+  const MoeRouteArgs r{.router = L.router, .x = ws.xf, .T = k.T, .E = E, .k = top_k, .norm_topk = c.norm_topk_prob,
+                       .tile_m = ws.tile_m, .route_w = ws.route_w, .expert_ids = ws.expert_ids,
+                       .shared_logit = ws.shared_logit, .counts = ws.counts, .offsets = ws.offsets,
+                       .x_rows = ws.x_rows, .y_rows = ws.y_rows, .tiles = ws.tiles, .n_tiles = ws.n_tiles,
+                       .max_tiles = max_tiles, .partials = ws.router_partials, .cursor = ws.cursor,
+                       .counter = ws.route_counter};
   moe_route_prefill(r, k.stream);
   if (k.opt.host_routing) host_tile_list(ws, E, rows, max_tiles, k.stream);
   k.mark("moe route");
