@@ -122,7 +122,7 @@ PyQWeight qweight_from(const nb::dict& d, const char* key, const char* op) {
 // Rows of the leading dims of a [..., dim] array.
 template <typename T>
 int64_t rows_of(const In<T>& a) {
-  return a.ndim() == 0 ? 0 : static_cast<int64_t>(a.size() / a.shape(a.ndim() - 1));
+  return a.ndim() == 0 || a.shape(a.ndim() - 1) == 0 ? 0 : static_cast<int64_t>(a.size() / a.shape(a.ndim() - 1));
 }
 
 template <typename T>

@@ -25,15 +25,15 @@ GenerateResult decode_loop(Session& s, const GenerateRequest& req, StepQueue& q,
       feed(StepQueue::kPrevious);
   };
 
-  if (s.pending >= 0) {
-    feed(s.pending);
-  } else {
-    q.choose();
-    queued.push_back(kNone);
-  }
-  top_up();
   int32_t last = -1;
   try {
+    if (s.pending >= 0) {
+      feed(s.pending);
+    } else {
+      q.choose();
+      queued.push_back(kNone);
+    }
+    top_up();
     for (;;) {
       const int32_t fed = queued.front();
       queued.pop_front();
@@ -57,10 +57,10 @@ GenerateResult decode_loop(Session& s, const GenerateRequest& req, StepQueue& q,
       top_up();  // at least the next step: the loop goes on only when another token is wanted
     }
   } catch (...) {
-    q.abort(s);
+    q.abort();
     throw;
   }
-  q.finish(s);
+  q.finish();
   return r;
 }
 

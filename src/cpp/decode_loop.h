@@ -1,7 +1,6 @@
-// The one generate loop of every executor: the pending token, stop ids, max_tokens, the
-// context's end and cancellation, over a backend's queue of decode steps. A device backend
-// keeps steps queued ahead of the host (two token slots: while the host reads token k, step
-// k+1 runs); an unaccepted step must change nothing the session keeps.
+// The one generate loop of every executor (pending token, stop ids, max_tokens, context end,
+// cancel) over a backend's queue of decode steps; a device keeps steps queued ahead of the
+// host (two token slots), and a step the loop does not accept must change nothing kept.
 #pragma once
 #include <cstdint>
 
@@ -27,9 +26,9 @@ class StepQueue {
   // The oldest step's fed token is now the session's (called after next_token).
   virtual void accept() {}
   // The loop has ended: steps still queued or read but not accepted are undone.
-  virtual void finish(Session& s) {}
+  virtual void finish() {}
   // As finish, while an exception is on its way out (must not throw).
-  virtual void abort(Session& s) noexcept {}
+  virtual void abort() noexcept {}
 };
 
 // Runs generation over q: s holds a pending token or logits, req.max_tokens > 0 and the

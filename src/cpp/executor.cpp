@@ -101,42 +101,39 @@ void Executor::keep_verified(Session& s, int64_t m) {
 
 // Each step runs when queued, on the host: feed the token (forward_chunk), then sample
 // from the logits it leaves, with the history of everything fed.
-class HostStepQueue final : public StepQueue {
+class Executor::HostSteps final : public StepQueue {
  public:
-  HostStepQueue(Executor& e, Session& s, const GenerateRequest& req, std::function<void(int32_t)> forward_one)
-      : s_(s), req_(req), sampler_(req.sampling), history_(s.tokens), forward_one_(std::move(forward_one)),
-        vocab_(e.weights().config.vocab_size) {
+  HostSteps(Executor& e, Session& s, const GenerateRequest& req)
+      : e_(e), s_(s), req_(req), sampler_(req.sampling), history_(s.tokens) {
     sampler_.skip(req.generated_before);
   }
   int depth() const override { return 1; }
   void feed(int32_t token) override {
     const int32_t t = token == kPrevious ? chosen_ : token;
-    forward_one_(t);
+    s_.last_logits.resize(e_.weights_->config.vocab_size);
+    e_.forward_chunk(s_, &t, 1, s_.last_logits.data(), nullptr);
     history_.push_back(t);
     choose();
   }
   void choose() override {
     if (s_.last_logits.empty()) fail("generate: the session is empty; prefill a prompt first");
-    chosen_ = sampler_.sample(s_.last_logits.data(), vocab_, history_, req_.generated_before + n_chosen_++);
+    chosen_ = sampler_.sample(s_.last_logits.data(), e_.weights_->config.vocab_size, history_,
+                              req_.generated_before + n_chosen_++);
   }
   int32_t next_token() override { return chosen_; }
 
  private:
+  Executor& e_;
   Session& s_;
   const GenerateRequest& req_;
   Sampler sampler_;
   std::vector<int32_t> history_;
-  std::function<void(int32_t)> forward_one_;
-  int64_t vocab_;
   int64_t n_chosen_ = 0;
   int32_t chosen_ = -1;
 };
 
 std::unique_ptr<StepQueue> Executor::decode_steps(Session& s, const GenerateRequest& req) {
-  return std::make_unique<HostStepQueue>(*this, s, req, [this, &s](int32_t t) {
-    s.last_logits.resize(weights_->config.vocab_size);
-    forward_chunk(s, &t, 1, s.last_logits.data(), nullptr);
-  });
+  return std::make_unique<HostSteps>(*this, s, req);
 }
 
 GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const TokenCallback& on_token) {

@@ -124,6 +124,9 @@ class Executor {
   }
 
   std::shared_ptr<const ModelWeights> weights_;
+
+ private:
+  class HostSteps;
 };
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n);

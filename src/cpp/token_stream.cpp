@@ -16,7 +16,12 @@ TokenStream::TokenStream(std::shared_ptr<EngineSession> s, GenerateRequest req, 
   session_->check_idle();
   session_->generating = true;
   start_ = Clock::now();
-  worker_ = std::thread([this, req = std::move(req)]() mutable { run(std::move(req)); });
+  try {
+    worker_ = std::thread([this, req = std::move(req)]() mutable { run(std::move(req)); });
+  } catch (...) {
+    session_->generating = false;
+    throw;
+  }
 }
 
 TokenStream::~TokenStream() {
@@ -86,6 +91,7 @@ double TokenStream::decode_seconds() const {
 }
 
 void TokenStream::join() {
+  std::lock_guard<std::mutex> lk(join_mu_);  // next() and drain() may race to the end
   if (worker_.joinable()) worker_.join();
 }
 

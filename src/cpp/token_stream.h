@@ -19,11 +19,9 @@
 
 namespace lily {
 
-// At kReadAhead unread tokens the executor's generate call returns (its callback cancels)
-// and the engine lock is released; once the reader is down to kResumeAt (half: a reader
-// that keeps up never waits for a restart), a new call continues from the session
-// (GenerateRequest::generated_before), so a paused stream yields the same tokens as one
-// that never paused.
+// At kReadAhead unread tokens the executor's call returns and frees the engine; once the
+// reader is down to kResumeAt a new call continues from the session (generated_before), so
+// a paused stream yields the same tokens as one that never paused.
 class TokenStream {
  public:
   static constexpr int64_t kReadAhead = 32;
@@ -58,6 +56,7 @@ class TokenStream {
   std::shared_ptr<EngineSession> session_;
   StopStringMatcher stops_;
   std::thread worker_;
+  std::mutex join_mu_;
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable token_ready_, reader_caught_up_;
   std::deque<int32_t> queue_;  // generated, not yet read

@@ -137,6 +137,5 @@ void qmatmul_batch(std::span<const QMatmul> products) {
 }
 
 void qmatmul(const ops::QMatmul& args) { qmatmul_batch({&args, 1}); }
- 
- }  // namespace lily::cpu
- 
+
+}  // namespace lily::cpu

@@ -1,5 +1,5 @@
-// Full attention: the rotary embedding and causal GQA over the cache (norm.h says what a
-// contract holds).
+// Full attention: the rotary embedding and causal GQA over the cache (docs/ops.md says what
+// a contract holds).
 #pragma once
 #include <cstdint>
 

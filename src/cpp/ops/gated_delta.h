@@ -1,5 +1,5 @@
-// Gated DeltaNet: the causal conv, the gates and the recurrence (norm.h says what a
-// contract holds; docs/MODEL.md §4.5 the layer they make).
+// Gated DeltaNet: the causal conv, the gates and the recurrence (docs/ops.md says what
+// a contract holds; docs/MODEL.md §4.5 the layer they make).
 #pragma once
 #include <cstdint>
 
@@ -29,10 +29,9 @@ struct GatedDeltaGates {
   float* beta = nullptr;           // [T, Hv]
 };
 
-// gated_delta, the gated delta rule, token by token, per value head h (key head h / (Hv/Hk)), state
-// S [Dk, Dv] fp32:  S = exp(g_t) S;  delta = (v_t - S^T k_t) beta_t;  S += k_t (x) delta;
-// o_t = S^T q_t. Tolerance (o and S): cpu 1e-5; cuda 1e-5 (the scan) and 1e-4 (chunked:
-// 3xTF32 products), over 512+ tokens too.
+// gated_delta, per value head h (key head h / (Hv/Hk)), state S [Dk, Dv] fp32:
+//   S = exp(g_t) S;  delta = (v_t - S^T k_t) beta_t;  S += k_t (x) delta;  o_t = S^T q_t
+// Tolerance (o, S; 512+ tokens too): cpu 1e-5; cuda scan 1e-5, chunked 1e-4 (3xTF32).
 struct GatedDelta {
   const float* q = nullptr;     // [T, Hk, Dk], l2-normalised and scaled by Dk^-1/2
   const float* k = nullptr;     // [T, Hk, Dk], l2-normalised

@@ -1,5 +1,5 @@
-// The mixture of experts: routing and the experts' SwiGLU MLPs (norm.h says what a
-// contract holds). Token choice after the head is sampling.h's Sampler.
+// The mixture of experts: routing and the experts' SwiGLU MLPs (docs/ops.md says what
+// a contract holds). Token choice after the head is sampling.h's Sampler.
 #pragma once
 #include <cstdint>
 

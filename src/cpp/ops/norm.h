@@ -1,8 +1,4 @@
-// The norms. A contract (one header per op family, src/cpp/ops/) is what every backend
-// implements for an op: its argument struct of raw row-major arrays (the reference
-// layout; a backend converts to its own), the maths, and the tolerance each backend is
-// held to in tests/test_ops.py: the relative error ||got - ref|| / ||ref|| against the
-// fp64 reference of tests/reference/numpy_ops.py. Map of ops and files: docs/ops.md.
+// The norms (docs/ops.md says what a contract holds and where each backend's kernels are).
 #pragma once
 #include <cstdint>
 

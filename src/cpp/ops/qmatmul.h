@@ -1,5 +1,5 @@
 // Quantized matmul and the embedding gather over MLX affine weights (weights.h: QWeight;
-// norm.h says what a contract holds).
+// docs/ops.md says what a contract holds).
 #pragma once
 #include <cstdint>
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
+#include "bf16.h"
 #include "common/cuda_check.h"
 #include "common/device_buffer.h"
 #include "gated_delta/gated_delta_chunked_prefill.h"
@@ -46,22 +46,8 @@ void download(const DeviceBuffer& d, T* dst, size_t n, const char* what) {
   if (n) check(cudaMemcpy(dst, d.as<T>(), n * sizeof(T), cudaMemcpyDeviceToHost), what);
 }
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 void need(bool ok, const char* op, const char* what) {
   if (!ok) fail(op, " (cuda): ", what);
-}
-
-// bf16 of x, round to nearest even (x finite).
-uint16_t float_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 }  // namespace
@@ -167,7 +153,8 @@ void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
     g.M = T;
     g.y = y.as<float>();
     g.ldy = N;
-    cuda::qmatmul_prefill(g, 64, nullptr);
+    constexpr int kTileRows = 64;  // any of the GEMM's tile sizes computes the same sums
+    cuda::qmatmul_prefill(g, kTileRows, nullptr);
     download(y, a.y, ny, "qmatmul");
     return;
   }

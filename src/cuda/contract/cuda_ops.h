@@ -1,8 +1,6 @@
-// The CUDA backend's ops on host arrays in the reference layout (src/cpp/ops/*.h), for the
-// per-backend op tests (tests/test_ops.py through lily._lily.ops): each call uploads its
-// inputs, converts them to the kernels' own layouts, runs the kernel chain of the
-// executor, and brings the outputs back. Outputs start as NaN on the device, so a kernel
-// that skips an element fails the test.
+// The CUDA kernels of the op contracts (src/cpp/ops) on host arrays, for tests/test_ops.py:
+// inputs uploaded and converted to the kernels' layouts, outputs NaN-poisoned on the device
+// (an element a kernel skips fails the test), then brought back in the reference layout.
 #pragma once
 #include "ops/gated_delta.h"
 #include "ops/norm.h"
@@ -12,7 +10,7 @@ namespace lily::cuda_ops {
 
 // The decode and prefill kernels of a quantized matmul: Decode, qmatmul_decode one row at a
 // time on MLX-order weights (fp32 dot); DecodeTiles, on tensor-core tiles, up to 4 rows a
-// launch; Prefill, the exact tensor-core GEMM of qmatmul_prefill (bf16 x).
+// launch; Prefill, qmatmul_prefill's exact GEMM (bf16 x; not yet its bf16w and wgmma routes).
 enum class QMatmulRoute { Decode, DecodeTiles, Prefill };
 void qmatmul(const ops::QMatmul& a, QMatmulRoute route);
 void embedding(const ops::Embedding& a);  // embedding_prefill

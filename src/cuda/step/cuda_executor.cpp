@@ -140,8 +140,10 @@ class CudaExecutor : public Executor {
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
       prefill_route_ = "token by token (" + why + ")";
-    else
-      prefill_route_ = "chunked", chunked_prefill_ = true;
+    else {
+      prefill_route_ = "chunked";
+      chunked_prefill_ = true;
+    }
   }
   ~CudaExecutor() override {
     cudaSetDevice(device_);
@@ -434,13 +436,9 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   }
 }
 
-// The decode steps on the device. Step k feeds token k-1 (the first feeds the pending
-// token, or only chooses from the current logits) and writes the token it chooses into a
-// device slot (read by step k+1) and into mapped host memory, so two steps are queued at
-// once: while the host reads token k, step k+1 already runs. Stop ids, max_tokens and the
-// context limit are also checked on the device, which then halts later steps; a step the
-// loop does not accept changes nothing the session keeps, because the recurrent state and
-// logits are double-buffered and finish() rewrites the position.
+// Decode steps two at a time on the device: each writes its choice into the token slot the
+// next one reads and into mapped host memory; the device halts at stop ids and limits, and
+// an unaccepted step changes nothing kept (state and logits double-buffered, position rewritten).
 class CudaExecutor::Steps final : public StepQueue {
  public:
   Steps(CudaExecutor& e, CudaSession& s, const GenerateRequest& req) : e_(e), s_(s), how_(choice_for(req.sampling)) {
@@ -478,7 +476,7 @@ class CudaExecutor::Steps final : public StepQueue {
   void accept() override { s_.parity ^= 1; }
   // An unaccepted step may have advanced the device position: rewrite it, clear the halt
   // flag, and bring the accepted logits to the host.
-  void finish(Session&) override {
+  void finish() override {
     check(cudaStreamSynchronize(e_.stream_), "decode loop");
     e_.staging_[0] = static_cast<int32_t>(s_.position());
     check(cudaMemcpyAsync(s_.dev.pos, e_.staging_, sizeof(int), cudaMemcpyHostToDevice, e_.stream_),
@@ -494,7 +492,7 @@ class CudaExecutor::Steps final : public StepQueue {
 #endif
   }
   // The same without checks, on the decode stream, so later work on it sees the rewritten values.
-  void abort(Session&) noexcept override {
+  void abort() noexcept override {
     cudaStreamSynchronize(e_.stream_);
     const int pos = static_cast<int>(s_.position());
     cudaMemcpyAsync(s_.dev.pos, &pos, sizeof(int), cudaMemcpyHostToDevice, e_.stream_);
