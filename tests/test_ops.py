@@ -153,6 +153,15 @@ def test_gated_rmsnorm(rng, T, device, tol):
     assert rel_err(ops.gated_rmsnorm(x, z, w, 1e-6, device=device), ref.gated_rmsnorm(x, z, w, 1e-6)) < tol
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "gated_rmsnorm", "l2norm"])
+def test_norms_refuse_an_empty_row(op):
+    x = np.zeros((3, 0), np.float32)
+    args = {"rmsnorm": (x, np.zeros(0, np.float32), 1e-6), "gated_rmsnorm": (x, x, np.zeros(0, np.float32), 1e-6),
+            "l2norm": (x, 1e-6, 1.0)}[op]
+    with pytest.raises(Exception, match=op):
+        getattr(ops, op)(*args)
+
+
 def test_ops_refuse_an_unknown_device(rng):
     x, w = randn(rng, 2, 64), np.ones(64, np.float32)
     with pytest.raises(Exception, match="rmsnorm: device must be 'cpu' or 'cuda', got 'metal'"):
