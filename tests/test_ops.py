@@ -79,6 +79,25 @@ def test_qmatmul_cuda(rng, T, route, tol, group_size, bits, N, K):
     assert rel_err(ops.qmatmul(x, w, device="cuda", route=route), ref.qmatmul(x, w)) < tol
 
 
+# The Metal kernels on the MSL emulator: qmatmul_decode_{4,8}bit (contract tolerance 1e-5).
+@metal_emulator_only
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("group_size,bits", [(32, 4), (64, 4), (128, 4), (64, 8), (128, 8)])
+@pytest.mark.parametrize("N,K", [(37, 256), (300, 2048)])
+def test_qmatmul_metal_emulator(rng, T, group_size, bits, N, K):
+    w = ref.random_qweight(rng, N, K, group_size=group_size, bits=bits)
+    x = randn(rng, T, K)
+    assert rel_err(ops.qmatmul(x, w, device="metal-emulator"), ref.qmatmul(x, w)) < 1e-5
+
+
+@metal_emulator_only
+def test_qmatmul_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    with pytest.raises(Exception, match=r"qmatmul \(metal-emulator\): has 4- and 8-bit kernels, not 2-bit"):
+        ops.qmatmul(randn(rng, 1, 128), ref.random_qweight(rng, 8, 128, bits=2), device="metal-emulator")
+    with pytest.raises(Exception, match="qmatmul: route 'decode' is not one of '' \\(metal-emulator\\)"):
+        ops.qmatmul(randn(rng, 1, 128), ref.random_qweight(rng, 8, 128), device="metal-emulator", route="decode")
+
+
 def test_qmatmul_large(rng):
     w = ref.random_qweight(rng, 301, 2048)
     x = randn(rng, 45, 2048)

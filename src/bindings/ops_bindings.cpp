@@ -159,15 +159,18 @@ Backend backend_of(const std::string& device, const char* op, bool metal = false
 Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, const std::string& route) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
-  const Backend b = backend_of(device, "qmatmul");
+  const Backend b = backend_of(device, "qmatmul", true);
   if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
     fail("qmatmul: route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (cpu)");
+         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   const ops::QMatmul args{x.data(), T, q.w, yp};
   nb::gil_scoped_release nogil;
   if (b == Backend::Cpu) cpu::qmatmul(args);
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::qmatmul(args);
+#endif
 #ifdef LILY_HAS_CUDA
   else cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
                                : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles

@@ -48,4 +48,18 @@ void gated_rmsnorm(const ops::GatedRmsNorm& a) {
   if (a.rows) metal_emu::dispatch("gated_rmsnorm", {static_cast<uint32_t>(a.rows)}, {norm_threads(a.dim)}, b);
 }
 
+void qmatmul(const ops::QMatmul& a) {
+  const QWeight& w = a.w;
+  need(w.experts == 1, "qmatmul", "takes one matrix, not a stack");
+  need(w.bits == 4 || w.bits == 8, "qmatmul", "has 4- and 8-bit kernels, not " + std::to_string(w.bits) + "-bit");
+  need(w.group_size % 32 == 0, "qmatmul", "group size must be a multiple of 32");
+  need(w.rows <= UINT32_MAX && w.cols <= UINT32_MAX && a.T <= 65535, "qmatmul", "shape too large");
+  poison(a.y, static_cast<size_t>(a.T) * w.rows);
+  const uint32_t N = static_cast<uint32_t>(w.rows), K = static_cast<uint32_t>(w.cols);
+  const uint32_t gs = static_cast<uint32_t>(w.group_size);
+  void* const b[] = {buf(a.x), buf(w.codes), buf(w.scales), buf(w.biases), a.y, buf(&N), buf(&K), buf(&gs)};
+  const Size3 groups{(N + 7) / 8, static_cast<uint32_t>(a.T)};  // 8 output rows a threadgroup
+  if (a.T && N) metal_emu::dispatch(w.bits == 4 ? "qmatmul_decode_4bit" : "qmatmul_decode_8bit", groups, {64}, b);
+}
+
 }  // namespace lily::metal_ops

@@ -4,10 +4,13 @@
 // emulator (src/metal/emulator), its buffers the host arrays themselves.
 #pragma once
 #include "ops/norm.h"
+#include "ops/qmatmul.h"
 
 namespace lily::metal_ops {
 
 void rmsnorm(const ops::RmsNorm& a);             // src/metal/norm/rmsnorm.metal
 void gated_rmsnorm(const ops::GatedRmsNorm& a);  // src/metal/norm/rmsnorm.metal
+// qmatmul_decode_{4,8}bit (src/metal/qmatmul/qmatmul_decode.metal), all T rows in one dispatch.
+void qmatmul(const ops::QMatmul& a);
 
 }  // namespace lily::metal_ops
