@@ -173,3 +173,8 @@ def test_norms_on_awkward_shapes(rows, dim):
     assert rel_err(ops.rmsnorm(x, w, 1e-6, device="metal-emulator"), ref.rmsnorm(x, w, 1e-6)) < 1e-6
     got = ops.gated_rmsnorm(x, z, w, 1e-6, device="metal-emulator")
     assert np.all(np.isfinite(got)) and rel_err(got, ref.gated_rmsnorm(x, z, w, 1e-6)) < 1e-6
+
+
+def test_more_than_32_kib_of_threadgroup_memory_is_an_error():
+    with pytest.raises(lily.LilyError, match="too_much_threadgroup_memory .*need 36864 bytes, more than 32768"):
+        emu.dispatch("too_much_threadgroup_memory", (1, 1, 1), (32, 1, 1), [np.zeros(32, np.float32)])

@@ -127,11 +127,14 @@ std::string lanes_at(const Group& g, const Simdgroup& s, const Fiber& f) {
 void arrived(Group& g, Fiber& f) {
   const uint32_t si = f.ids.simdgroup_index_in_threadgroup;
   Simdgroup& s = g.simd[si];
-  const std::string lanes = " not reached by all " + std::to_string(s.lanes) + " lanes of simdgroup " + std::to_string(si) + ": ";
-  const std::string threads = " not reached by all " + std::to_string(g.fibers.size()) + " threads: ";
+  auto lanes = [&] {  // built only for an error: this is the emulator's hot path
+    return " not reached by all " + std::to_string(s.lanes) + " lanes of simdgroup " + std::to_string(si) + ": " +
+           lanes_at(g, s, f);
+  };
+  auto threads = [&] { return " not reached by all " + std::to_string(g.fibers.size()) + " threads: "; };
   if (f.state == State::Simd) {
-    if (s.at_simd && !(s.site == f.site)) return error(g, at(f.site) + lanes + lanes_at(g, s, f));
-    if (s.done || s.at_barrier) return error(g, at(f.site) + lanes + lanes_at(g, s, f));
+    if (s.at_simd && !(s.site == f.site)) return error(g, at(f.site) + lanes());
+    if (s.done || s.at_barrier) return error(g, at(f.site) + lanes());
     s.site = f.site;
     if (++s.at_simd < s.lanes) return;
     std::array<LaneArgs, kSimdWidth> args;
@@ -144,10 +147,10 @@ void arrived(Group& g, Fiber& f) {
     for (Fiber& l : group_lanes) release(g, l);
   } else if (f.state == State::Barrier) {
     if (g.at_barrier && !(g.barrier == f.site))
-      return error(g, at(f.site) + threads + "1 waits here, " + std::to_string(g.at_barrier) + " wait at " + at(g.barrier));
-    if (g.done) return error(g, at(f.site) + threads + std::to_string(g.at_barrier + 1) + " wait here, " +
+      return error(g, at(f.site) + threads() + "1 waits here, " + std::to_string(g.at_barrier) + " wait at " + at(g.barrier));
+    if (g.done) return error(g, at(f.site) + threads() + std::to_string(g.at_barrier + 1) + " wait here, " +
                                     std::to_string(g.done) + " returned");
-    if (s.at_simd) return error(g, at(f.site) + lanes + lanes_at(g, s, f));
+    if (s.at_simd) return error(g, at(f.site) + lanes());
     g.barrier = f.site;
     ++s.at_barrier;
     if (++g.at_barrier < static_cast<int>(g.fibers.size())) return;
@@ -156,8 +159,8 @@ void arrived(Group& g, Fiber& f) {
     for (Fiber& t : g.fibers) release(g, t);
   } else if (f.state == State::Done) {
     ++g.done, ++s.done;
-    if (s.at_simd) return error(g, at(s.site) + lanes + lanes_at(g, s, f));
-    if (g.at_barrier) return error(g, at(g.barrier) + threads + std::to_string(g.at_barrier) + " wait here, " +
+    if (s.at_simd) return error(g, at(s.site) + lanes());
+    if (g.at_barrier) return error(g, at(g.barrier) + threads() + std::to_string(g.at_barrier) + " wait here, " +
                                           std::to_string(g.done) + " returned");
   } else {
     release(g, f);  // a skipped barrier: a yield

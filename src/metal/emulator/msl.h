@@ -38,7 +38,7 @@ template <class T> struct vec_storage<T, 4> { T x, y, z, w; };
 template <class T, int N>
 struct vec : vec_storage<T, N> {
   vec() : vec_storage<T, N>{} {}
-  vec(T s) { for (int i = 0; i < N; ++i) (*this)[i] = s; }  // NOLINT: MSL broadcasts a scalar
+  vec(T s) { for (int i = 0; i < N; ++i) (*this)[i] = s; }  // implicit: MSL broadcasts a scalar
   template <class... A, class = std::enable_if_t<sizeof...(A) == N && (N > 1)>>
   vec(A... a) : vec_storage<T, N>{static_cast<T>(a)...} {}
   template <class U>

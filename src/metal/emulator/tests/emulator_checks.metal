@@ -34,3 +34,13 @@ kernel void simd_ops(device const float* in [[buffer(0)]],
   o[4] = simd_shuffle_down(v, 1);
   o[5] = simd_shuffle_up(v, 1);
 }
+
+// 36 KiB of threadgroup variables, over the 32 KiB a threadgroup has.
+kernel void too_much_threadgroup_memory(device float* out [[buffer(0)]],
+                                        uint tid [[thread_position_in_threadgroup]]) {
+  threadgroup float a[4096];
+  threadgroup float b[5120];
+  a[tid] = 1.0f;
+  b[tid] = 2.0f;
+  out[tid] = a[tid] + b[tid];
+}
