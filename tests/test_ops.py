@@ -1,6 +1,7 @@
 """The ops (lily._lily.ops) against the plain numpy references in reference/numpy_ops.py, on
 every backend that has the op: the CPU's, and where an op takes a device, the CUDA kernels
-(src/cuda/contract; skipped without a GPU) with the tolerances of its contract (src/cpp/ops).
+(src/cuda/contract; skipped without a GPU) and the Metal kernels on the MSL emulator
+(src/metal/contract, device "metal-emulator") with the tolerances of its contract (src/cpp/ops).
 
 Shapes are deliberately awkward (T = 1, 7, 63, 130; GQA 3:1 and 6 query heads; group sizes
 32/64/128 at 4 and 8 bits). Outputs are compared by relative error ||lily - ref|| / ||ref||
@@ -37,6 +38,9 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 # (device, route) of each backend's kernels for the ops that take a device, and the
 # contract's tolerance for each.
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]  # the ops with one kernel a backend
+HAS_METAL_EMULATOR = hasattr(lily._lily, "metal_emulator")
+metal_emulator_only = pytest.mark.skipif(not HAS_METAL_EMULATOR, reason="built without the MSL emulator")
+METAL_DEVICES = DEVICES + [pytest.param("metal-emulator", marks=metal_emulator_only)]  # ops with a Metal kernel
 GATED_DELTA_ROUTES = [("cpu", ""), pytest.param("cuda", "scan", marks=cuda_only),
                       pytest.param("cuda", "chunked", marks=cuda_only)]
 GATED_DELTA_TOL = {"": 1e-5, "scan": 1e-5, "chunked": 1e-4}
@@ -73,6 +77,25 @@ def test_qmatmul_cuda(rng, T, route, tol, group_size, bits, N, K):
     w = ref.random_qweight(rng, N, K, group_size=group_size, bits=bits)
     x = randn(rng, T, K)
     assert rel_err(ops.qmatmul(x, w, device="cuda", route=route), ref.qmatmul(x, w)) < tol
+
+
+# The Metal kernels on the MSL emulator: qmatmul_decode_{4,8}bit (contract tolerance 1e-5).
+@metal_emulator_only
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("group_size,bits", [(32, 4), (64, 4), (128, 4), (64, 8), (128, 8)])
+@pytest.mark.parametrize("N,K", [(37, 256), (300, 2048)])
+def test_qmatmul_metal_emulator(rng, T, group_size, bits, N, K):
+    w = ref.random_qweight(rng, N, K, group_size=group_size, bits=bits)
+    x = randn(rng, T, K)
+    assert rel_err(ops.qmatmul(x, w, device="metal-emulator"), ref.qmatmul(x, w)) < 1e-5
+
+
+@metal_emulator_only
+def test_qmatmul_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    with pytest.raises(Exception, match=r"qmatmul \(metal-emulator\): has 4- and 8-bit kernels, not 2-bit"):
+        ops.qmatmul(randn(rng, 1, 128), ref.random_qweight(rng, 8, 128, bits=2), device="metal-emulator")
+    with pytest.raises(Exception, match="qmatmul: route 'decode' is not one of '' \\(metal-emulator\\)"):
+        ops.qmatmul(randn(rng, 1, 128), ref.random_qweight(rng, 8, 128), device="metal-emulator", route="decode")
 
 
 def test_qmatmul_large(rng):
@@ -133,20 +156,21 @@ def test_embedding_refuses_bad_ids(rng, device):
 # ---- norms and RoPE --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", METAL_DEVICES)
 @pytest.mark.parametrize("shape", [(1, 64), (7, 2048), (130, 256), (5, 3, 128)])
 def test_rmsnorm(rng, shape, device):
     x, w = randn(rng, *shape, scale=3.0), randn(rng, shape[-1]) + 1
     assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", METAL_DEVICES)
 def test_rmsnorm_tiny_input_uses_eps(rng, device):
     x, w = randn(rng, 4, 128, scale=1e-5), np.ones(128, np.float32)
     assert rel_err(ops.rmsnorm(x, w, 1e-6, device=device), ref.rmsnorm(x, w, 1e-6)) < 1e-6
 
 
-@pytest.mark.parametrize("device,tol", [("cpu", 1e-6), pytest.param("cuda", 4e-3, marks=cuda_only)])
+@pytest.mark.parametrize("device,tol", [("cpu", 1e-6), pytest.param("cuda", 4e-3, marks=cuda_only),
+                                        pytest.param("metal-emulator", 1e-6, marks=metal_emulator_only)])
 @pytest.mark.parametrize("T", TOKENS)
 def test_gated_rmsnorm(rng, T, device, tol):
     x, z, w = randn(rng, T, 6, 128), randn(rng, T, 6, 128, scale=2.0), randn(rng, 128) * 0.1 + 1
@@ -164,8 +188,10 @@ def test_norms_refuse_an_empty_row(op):
 
 def test_ops_refuse_an_unknown_device(rng):
     x, w = randn(rng, 2, 64), np.ones(64, np.float32)
-    with pytest.raises(Exception, match="rmsnorm: device must be 'cpu' or 'cuda', got 'metal'"):
+    with pytest.raises(Exception, match="rmsnorm: device must be 'cpu', 'cuda' or 'metal-emulator', got 'metal'"):
         ops.rmsnorm(x, w, 1e-6, device="metal")
+    with pytest.raises(Exception, match="embedding: no Metal kernel yet, so no device 'metal-emulator'"):
+        ops.embedding(np.zeros(2, np.int32), ref.random_qweight(rng, 4, 64), device="metal-emulator")
     args = gated_delta_inputs(rng, 2, 1, 1, 16, 16)
     with pytest.raises(Exception, match="gated_delta: route 'scan'"):
         ops.gated_delta(*args, device="cpu", route="scan")

@@ -242,7 +242,7 @@ def ops_map_problems(root: Path, text: str) -> list[str]:
     rows = ops_table(text)
     for row in rows:
         op = TICKED.findall(row["op"])[0]
-        for column in ("contract", "CPU", "CUDA decode", "CUDA prefill", "reference", "test"):
+        for column in ("contract", "CPU", "CUDA decode", "CUDA prefill", "Metal", "reference", "test"):
             path = None
             for token in TICKED.findall(row[column]):
                 if is_path(token):

@@ -6,4 +6,5 @@ NB_MODULE(_lily, m) {
   lily::register_quant(m);
   lily::register_ops(m);
   lily::register_checkpoint(m);
+  lily::register_metal_emulator(m);
 }

@@ -1,5 +1,6 @@
 // lily._lily.ops: the ops on numpy arrays, for tests and experiments: the CPU's, and with
-// device="cuda" the CUDA kernels (src/cuda/contract) of the ops that take a device.
+// device="cuda" the CUDA kernels (src/cuda/contract) of the ops that take a device, with
+// device="metal-emulator" the Metal kernels on the MSL emulator (src/metal/contract).
 //
 // Arrays are float32 (activations, small float weights), uint32 (quantized codes),
 // uint16 (bf16 bits of scales/biases) or int32 (token and expert ids), C-contiguous.
@@ -24,6 +25,9 @@
 #include "cpu/ops.h"
 #ifdef LILY_HAS_CUDA
 #include "contract/cuda_ops.h"
+#endif
+#ifdef LILY_HAS_METAL_EMULATOR
+#include "contract/metal_ops.h"
 #endif
 #include "error.h"
 #include "threadpool.h"
@@ -130,31 +134,43 @@ void copy_into(const In<T>& a, T* dst) {
   std::copy(a.data(), a.data() + a.size(), dst);
 }
 
-// The backend an op runs on: "cpu", or "cuda" (src/cuda/contract, when this build has the
-// CUDA executor) for the ops that take a device.
-enum class Backend { Cpu, Cuda };
-Backend backend_of(const std::string& device, const char* op) {
+// The backend an op runs on: "cpu"; for the ops that take a device "cuda" (src/cuda/contract,
+// when this build has the CUDA executor) or, for those with a Metal kernel (`metal`),
+// "metal-emulator" (src/metal/contract, when this build has the MSL emulator).
+enum class Backend { Cpu, Cuda, MetalEmulator };
+Backend backend_of(const std::string& device, const char* op, bool metal = false) {
   if (device == "cpu") return Backend::Cpu;
 #ifdef LILY_HAS_CUDA
   if (device == "cuda") return Backend::Cuda;
 #else
   if (device == "cuda") fail(op, ": this build has no CUDA executor");
 #endif
-  fail(op, ": device must be 'cpu' or 'cuda', got '", device, "'");
+  if (device == "metal-emulator") {
+    if (!metal) fail(op, ": no Metal kernel yet, so no device 'metal-emulator'");
+#ifdef LILY_HAS_METAL_EMULATOR
+    return Backend::MetalEmulator;
+#else
+    fail(op, ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
+#endif
+  }
+  fail(op, ": device must be 'cpu', 'cuda' or 'metal-emulator', got '", device, "'");
 }
 
 Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, const std::string& route) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
-  const Backend b = backend_of(device, "qmatmul");
+  const Backend b = backend_of(device, "qmatmul", true);
   if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
     fail("qmatmul: route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (cpu)");
+         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   const ops::QMatmul args{x.data(), T, q.w, yp};
   nb::gil_scoped_release nogil;
   if (b == Backend::Cpu) cpu::qmatmul(args);
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::qmatmul(args);
+#endif
 #ifdef LILY_HAS_CUDA
   else cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
                                : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles
@@ -181,13 +197,16 @@ Out<float> embedding(In<int32_t> ids, nb::handle table, const std::string& devic
 Out<float> rmsnorm(In<float> x, In<float> w, float eps, const std::string& device) {
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "rmsnorm", "w");
-  const Backend b = backend_of(device, "rmsnorm");
+  const Backend b = backend_of(device, "rmsnorm", true);
   auto [y, yp] = new_array<float>(shape_of(x));
   const ops::RmsNorm args{x.data(), rows_of(x), D, w.data(), eps, yp};
   nb::gil_scoped_release nogil;
   if (b == Backend::Cpu) cpu::rmsnorm(args);
 #ifdef LILY_HAS_CUDA
-  else cuda_ops::rmsnorm(args);
+  else if (b == Backend::Cuda) cuda_ops::rmsnorm(args);
+#endif
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::rmsnorm(args);
 #endif
   return y;
 }
@@ -196,13 +215,16 @@ Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps, const
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "gated_rmsnorm", "w");
   if (shape_of(z) != shape_of(x)) fail("gated_rmsnorm: z must have the shape of x");
-  const Backend b = backend_of(device, "gated_rmsnorm");
+  const Backend b = backend_of(device, "gated_rmsnorm", true);
   auto [y, yp] = new_array<float>(shape_of(x));
   const ops::GatedRmsNorm args{x.data(), z.data(), rows_of(x), D, w.data(), eps, yp};
   nb::gil_scoped_release nogil;
   if (b == Backend::Cpu) cpu::gated_rmsnorm(args);
 #ifdef LILY_HAS_CUDA
-  else cuda_ops::gated_rmsnorm(args);
+  else if (b == Backend::Cuda) cuda_ops::gated_rmsnorm(args);
+#endif
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::gated_rmsnorm(args);
 #endif
   return y;
 }
@@ -447,7 +469,7 @@ std::vector<std::tuple<int64_t, int64_t, bool>> parallel_ranges(int64_t n, int64
 
 void register_ops(nb::module_& m) {
   nb::module_ ops = m.def_submodule("ops", "lily's ops on numpy arrays, for tests: the CPU's, and with device='cuda' "
-                                           "the CUDA kernels of those that take one");
+                                           "or 'metal-emulator' the CUDA or Metal kernels of those that take one");
   ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"), nb::arg("device") = "cpu", nb::arg("route") = "",
           "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits)");
   ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), nb::arg("device") = "cpu",

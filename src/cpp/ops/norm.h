@@ -5,7 +5,7 @@
 namespace lily::ops {
 
 // rmsnorm: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of dim values.
-// Tolerance: cpu 1e-6; cuda 1e-6.
+// Tolerance: cpu 1e-6; cuda 1e-6; metal-emulator 1e-6.
 struct RmsNorm {
   const float* x = nullptr;  // [rows, dim]
   int64_t rows = 0, dim = 0;
@@ -15,7 +15,8 @@ struct RmsNorm {
 };
 
 // gated_rmsnorm, the Gated DeltaNet output norm: y = rmsnorm(x) * w * silu(z) per row of dim (one value
-// head's Dv). Tolerance: cpu 1e-6; cuda 4e-3 (bf16 output: the out-projection's operand).
+// head's Dv). Tolerance: cpu 1e-6; cuda 4e-3 (bf16 output: the out-projection's operand);
+// metal-emulator 1e-6 (fp32 output).
 struct GatedRmsNorm {
   const float* x = nullptr;  // [rows, dim]
   const float* z = nullptr;  // [rows, dim]

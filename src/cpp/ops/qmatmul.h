@@ -9,7 +9,8 @@ namespace lily::ops {
 
 // qmatmul: y[T, N] = x[T, K] W^T, W = scale q + bias dequantized per group from w ([N, K], one
 // matrix: w.experts == 1), fp32 accumulation. Tolerance: cpu 2e-6; cuda 1e-5 (decode, MLX
-// order), 1e-4 (decode on tensor-core tiles: x as bf16 hi + lo), 1e-2 (prefill: x in bf16).
+// order), 1e-4 (decode on tensor-core tiles: x as bf16 hi + lo), 1e-2 (prefill: x in bf16);
+// metal-emulator 1e-5 (decode, 4 and 8 bits: per word s * dot(x, q) + b * sum(x)).
 struct QMatmul {
   const float* x = nullptr;  // [T, K]
   int64_t T = 0;
