@@ -282,18 +282,22 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   need(g, {T, Hv}, "gated_delta", "g");
   need(beta, {T, Hv}, "gated_delta", "beta");
   need(state, {Hv, Dk, Dv}, "gated_delta", "state");
-  const Backend b = backend_of(device, "gated_delta");
+  const Backend b = backend_of(device, "gated_delta", true);
   const bool cuda_route = route == "scan" || route == "chunked";
   if (!(route.empty() || (b == Backend::Cuda && cuda_route)))
-    fail("gated_delta: route '", route, "' is not one of ", b == Backend::Cuda ? "'', 'scan', 'chunked'" : "'' (cpu)");
+    fail("gated_delta: route '", route, "' is not one of ",
+         b == Backend::Cuda ? "'', 'scan', 'chunked'" : "'' (", device, ")");
   auto [o, op] = new_array<float>(shape_of(v));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   const ops::GatedDelta args{q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op};
   nb::gil_scoped_release nogil;
   if (b == Backend::Cpu) cpu::gated_delta(args);
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::gated_delta(args);
+#endif
 #ifdef LILY_HAS_CUDA
-  else cuda_ops::gated_delta(args, route != "scan");  // the prefill's default: chunked
+  else if (b == Backend::Cuda) cuda_ops::gated_delta(args, route != "scan");  // the prefill's default: chunked
 #endif
   return {o, s};
 }

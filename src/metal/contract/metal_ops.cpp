@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "emulator/runtime.h"
 #include "error.h"
@@ -60,6 +61,26 @@ void qmatmul(const ops::QMatmul& a) {
   void* const b[] = {buf(a.x), buf(w.codes), buf(w.scales), buf(w.biases), a.y, buf(&N), buf(&K), buf(&gs)};
   const Size3 groups{(N + 7) / 8, static_cast<uint32_t>(a.T)};  // 8 output rows a threadgroup
   if (a.T && N) metal_emu::dispatch(w.bits == 4 ? "qmatmul_decode_4bit" : "qmatmul_decode_8bit", groups, {64}, b);
+}
+
+void gated_delta(const ops::GatedDelta& a) {
+  need(a.Hk > 0 && a.Hv % a.Hk == 0, "gated_delta", "value heads must be a multiple of key heads");
+  need(a.Dk % 4 == 0 && a.Dk >= 4 && a.Dk <= 128, "gated_delta", "Dk must be a multiple of 4 up to 128");
+  need(a.Dv > 0 && a.T >= 0 && a.T <= UINT32_MAX && a.Hv <= 65535 && a.Hv * a.Dk * a.Dv <= UINT32_MAX, "gated_delta",
+       "shape too large");
+  // The kernel reads the state from a copy and writes every element of the poisoned original.
+  const size_t n_state = static_cast<size_t>(a.Hv) * a.Dk * a.Dv;
+  const std::vector<float> state_in(a.state, a.state + n_state);
+  poison(a.state, n_state);
+  poison(a.o, static_cast<size_t>(a.T) * a.Hv * a.Dv);
+  const uint32_t T = static_cast<uint32_t>(a.T), Hk = static_cast<uint32_t>(a.Hk), Hv = static_cast<uint32_t>(a.Hv);
+  const uint32_t Dk = static_cast<uint32_t>(a.Dk), Dv = static_cast<uint32_t>(a.Dv);
+  void* const b[] = {buf(a.q), buf(a.k), buf(a.v), buf(a.g), buf(a.beta), buf(state_in.data()), a.state, a.o,
+                     buf(&T), buf(&Hk), buf(&Hv), buf(&Dk), buf(&Dv)};
+  // A quad per value column, whole simdgroups: 8 to 32 columns (32 to 128 threads) a threadgroup.
+  const uint32_t cols = std::clamp<uint32_t>((Dv + 7) / 8 * 8, 8, 32);
+  const char* kernel = Dk <= 32 ? "gated_delta_dk32" : Dk <= 64 ? "gated_delta_dk64" : "gated_delta_dk128";
+  metal_emu::dispatch(kernel, {(Dv + cols - 1) / cols, Hv}, {4 * cols}, b);
 }
 
 }  // namespace lily::metal_ops

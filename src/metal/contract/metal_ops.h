@@ -3,6 +3,7 @@
 // each call NaN-poisons the outputs and dispatches the op's .metal kernel on the MSL
 // emulator (src/metal/emulator), its buffers the host arrays themselves.
 #pragma once
+#include "ops/gated_delta.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
 
@@ -12,5 +13,8 @@ void rmsnorm(const ops::RmsNorm& a);             // src/metal/norm/rmsnorm.metal
 void gated_rmsnorm(const ops::GatedRmsNorm& a);  // src/metal/norm/rmsnorm.metal
 // qmatmul_decode_{4,8}bit (src/metal/qmatmul/qmatmul_decode.metal), all T rows in one dispatch.
 void qmatmul(const ops::QMatmul& a);
+// gated_delta_dk{32,64,128} (src/metal/gated_delta/gated_delta.metal), all T tokens in one
+// dispatch: Dk a multiple of 4 up to 128, Hv a multiple of Hk.
+void gated_delta(const ops::GatedDelta& a);
 
 }  // namespace lily::metal_ops
