@@ -68,8 +68,29 @@ def run_qmatmul(bits):
     return run
 
 
+def run_gated_delta(Hk, Hv, Dk, Dv):
+    # 20 tokens: three staged blocks of 8, so a fast simdgroup could overwrite a block that a
+    # slow one still reads; Dk short of the instance's bound, Dv leaving idle columns.
+    def run():
+        rng = np.random.default_rng(Dk)
+        T = 20
+        q = ref.l2norm(rng.standard_normal((T, Hk, Dk)).astype(np.float32), 1e-6, Dk**-0.5)
+        k = ref.l2norm(rng.standard_normal((T, Hk, Dk)).astype(np.float32), 1e-6, 1.0)
+        v = rng.standard_normal((T, Hv, Dv)).astype(np.float32)
+        g = -rng.uniform(0, 1, (T, Hv)).astype(np.float32)
+        beta = rng.uniform(0, 1, (T, Hv)).astype(np.float32)
+        state = (rng.standard_normal((Hv, Dk, Dv)) * 0.1).astype(np.float32)
+        args = q, k, v, g, beta, state
+        o, s = ops.gated_delta(*args, device="metal-emulator")
+        o_ref, s_ref = ref.gated_delta(*args)
+        return np.concatenate([o.ravel(), s.ravel()]), np.concatenate([o_ref.ravel(), s_ref.ravel()])
+    return run
+
+
 RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm,
-        "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8)}
+        "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8),
+        "gated_delta_dk32": run_gated_delta(1, 2, 20, 40), "gated_delta_dk64": run_gated_delta(2, 4, 48, 12),
+        "gated_delta_dk128": run_gated_delta(1, 3, 100, 33)}
 
 
 def op_kernels():
@@ -89,7 +110,8 @@ def barriers():
 
 def test_every_op_kernel_has_a_run_and_the_mutation_test_has_barriers():
     assert sorted(k for k, _ in op_kernels()) == sorted(RUNS)
-    assert {k for k, _, _ in barriers()} == {"rmsnorm", "gated_rmsnorm"}
+    assert {k for k, _, _ in barriers()} == {"rmsnorm", "gated_rmsnorm", "gated_delta_dk32", "gated_delta_dk64",
+                                             "gated_delta_dk128"}
 
 
 @pytest.mark.parametrize("kernel", sorted(RUNS))

@@ -42,8 +42,11 @@ HAS_METAL_EMULATOR = hasattr(lily._lily, "metal_emulator")
 metal_emulator_only = pytest.mark.skipif(not HAS_METAL_EMULATOR, reason="built without the MSL emulator")
 METAL_DEVICES = DEVICES + [pytest.param("metal-emulator", marks=metal_emulator_only)]  # ops with a Metal kernel
 GATED_DELTA_ROUTES = [("cpu", ""), pytest.param("cuda", "scan", marks=cuda_only),
-                      pytest.param("cuda", "chunked", marks=cuda_only)]
-GATED_DELTA_TOL = {"": 1e-5, "scan": 1e-5, "chunked": 1e-4}
+                      pytest.param("cuda", "chunked", marks=cuda_only),
+                      pytest.param("metal-emulator", "", marks=metal_emulator_only)]
+GATED_DELTA_TOL = {("cpu", ""): 1e-5, ("cuda", "scan"): 1e-5, ("cuda", "chunked"): 1e-4, ("metal-emulator", ""): 1e-6}
+# The backends whose gated_delta walks the tokens one by one: any chunking gives the same bits.
+GATED_DELTA_SCANS = ["cpu", pytest.param("metal-emulator", marks=metal_emulator_only)]
 
 
 @pytest.fixture
@@ -280,16 +283,17 @@ def test_gated_delta(rng, T, Hk, Hv, Dk, Dv, device, route):
     args = gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv)
     o, state = ops.gated_delta(*args, device=device, route=route)
     o_ref, state_ref = ref.gated_delta(*args)
-    assert rel_err(o, o_ref) < GATED_DELTA_TOL[route]
-    assert rel_err(state, state_ref) < GATED_DELTA_TOL[route]
+    assert rel_err(o, o_ref) < GATED_DELTA_TOL[device, route]
+    assert rel_err(state, state_ref) < GATED_DELTA_TOL[device, route]
 
 
-def test_gated_delta_chunked_equals_one_shot(rng):
+@pytest.mark.parametrize("device", GATED_DELTA_SCANS)
+def test_gated_delta_chunked_equals_one_shot(rng, device):
     q, k, v, g, beta, state = gated_delta_inputs(rng, 130, 2, 4, 32, 32)
-    o_full, s_full = ops.gated_delta(q, k, v, g, beta, state)
+    o_full, s_full = ops.gated_delta(q, k, v, g, beta, state, device=device)
     parts = []
     for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
-        o, state = ops.gated_delta(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state)
+        o, state = ops.gated_delta(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state, device=device)
         parts.append(o)
     np.testing.assert_array_equal(np.concatenate(parts), o_full)
     np.testing.assert_array_equal(state, s_full)
@@ -309,7 +313,7 @@ def test_gated_delta_512_decode_steps(rng, device, route):
         outs.append(o)
     o_ref, s_ref = ref.gated_delta(q, k, v, g, beta, state)
     o = np.concatenate(outs)
-    tol = GATED_DELTA_TOL[route]
+    tol = GATED_DELTA_TOL[device, route]
     assert rel_err(o, o_ref) < tol
     assert rel_err(s, s_ref) < tol
     # The error does not grow along the sequence: the last 64 tokens are as close as the rest.
@@ -326,8 +330,8 @@ def test_gated_delta_cuda_over_chunks_of_a_long_prompt(rng, route):
     for a, b in [(0, 256), (256, 511), (511, 600)]:
         o, s = ops.gated_delta(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s, device="cuda", route=route)
         parts.append(o)
-    assert rel_err(np.concatenate(parts), o_ref) < GATED_DELTA_TOL[route]
-    assert rel_err(s, s_ref) < GATED_DELTA_TOL[route]
+    assert rel_err(np.concatenate(parts), o_ref) < GATED_DELTA_TOL["cuda", route]
+    assert rel_err(s, s_ref) < GATED_DELTA_TOL["cuda", route]
 
 
 @pytest.mark.parametrize("T", [1, 63, 130])
@@ -339,10 +343,20 @@ def test_reference_gated_delta_chunked_equals_sequential(rng, T):
     assert rel_err(o_chunk, o_seq) < 1e-6 and rel_err(s_chunk, s_seq) < 1e-6
 
 
-def test_gated_delta_refuses_bad_heads(rng):
+@pytest.mark.parametrize("device", GATED_DELTA_SCANS)
+def test_gated_delta_refuses_bad_heads(rng, device):
     q, k, v, g, beta, state = gated_delta_inputs(rng, 3, 2, 4, 16, 16)
-    with pytest.raises(Exception, match="gated_delta"):
-        ops.gated_delta(q, k, v[:, :3], g[:, :3], beta[:, :3], state[:3])
+    with pytest.raises(Exception, match="gated_delta.*value heads .*must be a multiple of key heads"):
+        ops.gated_delta(q, k, v[:, :3], g[:, :3], beta[:, :3], state[:3], device=device)
+
+
+@metal_emulator_only
+def test_gated_delta_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    for Dk in (130, 18):
+        with pytest.raises(Exception, match=r"gated_delta \(metal-emulator\): Dk must be a multiple of 4 up to 128"):
+            ops.gated_delta(*gated_delta_inputs(rng, 1, 1, 1, Dk, 8), device="metal-emulator")
+    with pytest.raises(Exception, match=r"gated_delta: route 'scan' is not one of '' \(metal-emulator\)"):
+        ops.gated_delta(*gated_delta_inputs(rng, 1, 1, 1, 16, 8), device="metal-emulator", route="scan")
 
 
 # ---- attention --------------------------------------------------------------------------------
