@@ -5,7 +5,7 @@
 namespace lily::ops {
 
 // rmsnorm: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w over rows of dim values.
-// Tolerance: cpu 1e-6; cuda 1e-6; metal-emulator 1e-6.
+// tolerance rmsnorm: cpu 1e-6, cuda 1e-6, metal-emulator 1e-6
 struct RmsNorm {
   const float* x = nullptr;  // [rows, dim]
   int64_t rows = 0, dim = 0;
@@ -14,9 +14,9 @@ struct RmsNorm {
   float* y = nullptr;        // [rows, dim]
 };
 
-// gated_rmsnorm, the Gated DeltaNet output norm: y = rmsnorm(x) * w * silu(z) per row of dim (one value
-// head's Dv). Tolerance: cpu 1e-6; cuda 4e-3 (bf16 output: the out-projection's operand);
-// metal-emulator 1e-6 (fp32 output).
+// gated_rmsnorm, the Gated DeltaNet output norm: y = rmsnorm(x) * w * silu(z) per row of dim
+// (one value head's Dv); cuda writes bf16, the out-projection's operand.
+// tolerance gated_rmsnorm: cpu 1e-6, cuda 4e-3, metal-emulator 1e-6
 struct GatedRmsNorm {
   const float* x = nullptr;  // [rows, dim]
   const float* z = nullptr;  // [rows, dim]
@@ -26,7 +26,8 @@ struct GatedRmsNorm {
   float* y = nullptr;        // [rows, dim]
 };
 
-// l2norm: x[r] = x[r] * rsqrt(sum(x[r]^2) + eps) * scale, in place. Tolerance: cpu 1e-6.
+// l2norm: x[r] = x[r] * rsqrt(sum(x[r]^2) + eps) * scale, in place.
+// tolerance l2norm: cpu 1e-6
 struct L2Norm {
   float* x = nullptr;  // [rows, dim]
   int64_t rows = 0, dim = 0;

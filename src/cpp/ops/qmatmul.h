@@ -8,9 +8,9 @@
 namespace lily::ops {
 
 // qmatmul: y[T, N] = x[T, K] W^T, W = scale q + bias dequantized per group from w ([N, K], one
-// matrix: w.experts == 1), fp32 accumulation. Tolerance: cpu 2e-6; cuda 1e-5 (decode, MLX
-// order), 1e-4 (decode on tensor-core tiles: x as bf16 hi + lo), 1e-2 (prefill: x in bf16);
-// metal-emulator 1e-5 (decode, 4 and 8 bits: per word s * dot(x, q) + b * sum(x)).
+// matrix: w.experts == 1), fp32 accumulation. cuda's decode on tensor-core tiles takes x as
+// bf16 hi + lo, its prefill GEMM x in bf16; metal sums s * dot(x, q) + b * sum(x) per word.
+// tolerance qmatmul: cpu 2e-6, cuda:decode 1e-5, cuda:decode_tiles 1e-4, cuda:prefill 1e-2, metal-emulator 1e-5
 struct QMatmul {
   const float* x = nullptr;  // [T, K]
   int64_t T = 0;
@@ -18,7 +18,8 @@ struct QMatmul {
   float* y = nullptr;        // [T, N], not aliasing x
 };
 
-// embedding: out[t] = dequant(table[ids[t]]). Tolerance: cpu exact; cuda 1e-6.
+// embedding: out[t] = dequant(table[ids[t]]) (cpu: exactly the reference's values).
+// tolerance embedding: cpu 0, cuda 1e-6
 struct Embedding {
   QWeight table;  // [V, H]
   const int32_t* ids = nullptr;  // [T], in [0, V)
