@@ -302,16 +302,22 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   return {o, s};
 }
 
-Out<float> attention(In<float> q, In<float> k, In<float> v, float scale) {
+Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const std::string& device) {
   need(q, {-1, -1, -1}, "attention", "q [T, Hq, D]");
   const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
   need(k, {-1, -1, D}, "attention", "k [L, Hkv, D]");
   const int64_t L = k.shape(0), Hkv = k.shape(1);
   need(v, {L, Hkv, D}, "attention", "v");
   if (L < T) fail("attention: the cache holds ", std::to_string(L), " positions, fewer than T = ", std::to_string(T));
+  const Backend b = backend_of(device, "attention", true);
+  if (b == Backend::Cuda) fail("attention: no CUDA kernel reachable yet (its kernels run inside the CUDA executor)");
   auto [o, op] = new_array<float>(shape_of(q));
+  const ops::Attention args{q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op};
   nb::gil_scoped_release nogil;
-  cpu::attention({q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op});
+  if (b == Backend::Cpu) cpu::attention(args);
+#ifdef LILY_HAS_METAL_EMULATOR
+  else if (b == Backend::MetalEmulator) metal_ops::attention(args);
+#endif
   return o;
 }
 
@@ -494,6 +500,7 @@ void register_ops(nb::module_& m) {
           nb::arg("beta"), nb::arg("state"), nb::arg("device") = "cpu", nb::arg("route") = "",
           "(o [T, Hv, Dv], new state [Hv, Dk, Dv]); on cuda route 'scan' or 'chunked' (the default)");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+          nb::arg("device") = "cpu",
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");

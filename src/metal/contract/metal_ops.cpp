@@ -83,4 +83,18 @@ void gated_delta(const ops::GatedDelta& a) {
   metal_emu::dispatch(kernel, {(Dv + cols - 1) / cols, Hv}, {4 * cols}, b);
 }
 
+void attention(const ops::Attention& a) {
+  need(a.Hkv > 0 && a.Hq % a.Hkv == 0 && a.Hq / a.Hkv <= 32, "attention",
+       "query heads must be a multiple of KV heads by at most 32 (a simdgroup each)");
+  need(a.D % 4 == 0 && a.D >= 4 && a.D <= 256, "attention", "D must be a multiple of 4 up to 256");
+  need(a.T >= 0 && a.pos0 >= 0 && (a.pos0 + a.T) * a.Hq * a.D <= UINT32_MAX, "attention", "shape too large");
+  poison(a.out, static_cast<size_t>(a.T) * a.Hq * a.D);
+  const uint32_t pos0 = static_cast<uint32_t>(a.pos0), Hq = static_cast<uint32_t>(a.Hq);
+  const uint32_t Hkv = static_cast<uint32_t>(a.Hkv), D = static_cast<uint32_t>(a.D);
+  void* const b[] = {buf(a.q), buf(a.k), buf(a.v), a.out, buf(&pos0), buf(&Hq), buf(&Hkv), buf(&D), buf(&a.scale)};
+  const char* kernel = D <= 64 ? "attention_d64" : D <= 128 ? "attention_d128" : "attention_d256";
+  // A threadgroup per (token, KV head), a simdgroup per query head of it.
+  if (a.T) metal_emu::dispatch(kernel, {static_cast<uint32_t>(a.T), Hkv}, {32 * (Hq / Hkv)}, b);
+}
+
 }  // namespace lily::metal_ops

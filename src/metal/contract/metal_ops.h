@@ -3,6 +3,7 @@
 // each call NaN-poisons the outputs and dispatches the op's .metal kernel on the MSL
 // emulator (src/metal/emulator), its buffers the host arrays themselves.
 #pragma once
+#include "ops/attention.h"
 #include "ops/gated_delta.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
@@ -16,5 +17,8 @@ void qmatmul(const ops::QMatmul& a);
 // gated_delta_dk{32,64,128} (src/metal/gated_delta/gated_delta.metal), all T tokens in one
 // dispatch: Dk a multiple of 4 up to 128, Hv a multiple of Hk.
 void gated_delta(const ops::GatedDelta& a);
+// attention_d{64,128,256} (src/metal/attention/attention.metal), all T tokens in one dispatch:
+// D a multiple of 4 up to 256, Hq a multiple of Hkv by at most 32.
+void attention(const ops::Attention& a);
 
 }  // namespace lily::metal_ops
