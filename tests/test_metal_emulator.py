@@ -87,10 +87,24 @@ def run_gated_delta(Hk, Hv, Dk, Dv):
     return run
 
 
+def run_attention(Hq, Hkv, D):
+    # 2 tokens at pos0 40: 41 and 42 keys, several staged blocks (32, 16 or 8 keys) and a
+    # partial last one; 2-3 simdgroups, so a fast one could overwrite a block a slow one reads.
+    def run():
+        rng = np.random.default_rng(D)
+        T, L = 2, 42
+        q = rng.standard_normal((T, Hq, D)).astype(np.float32)
+        k, v = (rng.standard_normal((L, Hkv, D)).astype(np.float32) for _ in range(2))
+        return ops.attention(q, k, v, D**-0.5, device="metal-emulator"), ref.attention(q, k, v, D**-0.5)
+    return run
+
+
 RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm,
         "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8),
         "gated_delta_dk32": run_gated_delta(1, 2, 20, 40), "gated_delta_dk64": run_gated_delta(2, 4, 48, 12),
-        "gated_delta_dk128": run_gated_delta(1, 3, 100, 33)}
+        "gated_delta_dk128": run_gated_delta(1, 3, 100, 33),
+        "attention_d64": run_attention(3, 1, 44), "attention_d128": run_attention(4, 2, 100),
+        "attention_d256": run_attention(2, 1, 256)}
 
 
 def op_kernels():
@@ -111,7 +125,7 @@ def barriers():
 def test_every_op_kernel_has_a_run_and_the_mutation_test_has_barriers():
     assert sorted(k for k, _ in op_kernels()) == sorted(RUNS)
     assert {k for k, _, _ in barriers()} == {"rmsnorm", "gated_rmsnorm", "gated_delta_dk32", "gated_delta_dk64",
-                                             "gated_delta_dk128"}
+                                             "gated_delta_dk128", "attention_d64", "attention_d128", "attention_d256"}
 
 
 @pytest.mark.parametrize("kernel", sorted(RUNS))

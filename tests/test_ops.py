@@ -367,27 +367,52 @@ def test_gated_delta_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
 # ---- attention --------------------------------------------------------------------------------
 
 
+# The backends with an attention op on host arrays (CUDA's kernels run inside its executor).
+ATTENTION_DEVICES = ["cpu", pytest.param("metal-emulator", marks=metal_emulator_only)]
+
+
+@pytest.mark.parametrize("device", ATTENTION_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hq,Hkv,D", [(3, 1, 64), (6, 2, 32), (6, 6, 48), (16, 2, 256)])
 @pytest.mark.parametrize("pos0", [0, 5, 100])
-def test_attention(rng, T, Hq, Hkv, D, pos0):
+def test_attention(rng, device, T, Hq, Hkv, D, pos0):
     L = pos0 + T
     q, k, v = randn(rng, T, Hq, D), randn(rng, L, Hkv, D), randn(rng, L, Hkv, D)
-    got = ops.attention(q, k, v, D**-0.5)
-    assert rel_err(got, ref.attention(q, k, v, D**-0.5)) < tol("attention", "cpu")
+    got = ops.attention(q, k, v, D**-0.5, device=device)
+    assert rel_err(got, ref.attention(q, k, v, D**-0.5)) < tol("attention", device)
 
 
-def test_attention_chunked_equals_one_shot(rng):
+@pytest.mark.parametrize("device", ATTENTION_DEVICES)
+def test_attention_chunked_equals_one_shot(rng, device):
     T, Hq, Hkv, D = 130, 6, 2, 64
     q, k, v = randn(rng, T, Hq, D), randn(rng, T, Hkv, D), randn(rng, T, Hkv, D)
-    full = ops.attention(q, k, v, 0.125)
-    parts = [ops.attention(q[a:b], k[:b], v[:b], 0.125) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
+    full = ops.attention(q, k, v, 0.125, device=device)
+    parts = [ops.attention(q[a:b], k[:b], v[:b], 0.125, device=device) for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]]
     np.testing.assert_array_equal(np.concatenate(parts), full)
 
 
-def test_attention_large_scores_are_stable(rng):
+@pytest.mark.parametrize("device", ATTENTION_DEVICES)
+def test_attention_large_scores_are_stable(rng, device):
     q, k, v = randn(rng, 7, 3, 64, scale=30.0), randn(rng, 7, 1, 64, scale=30.0), randn(rng, 7, 1, 64)
-    assert rel_err(ops.attention(q, k, v, 1.0), ref.attention(q, k, v, 1.0)) < tol("attention", "cpu")
+    got = ops.attention(q, k, v, 1.0, device=device)
+    assert rel_err(got, ref.attention(q, k, v, 1.0)) < tol("attention", device)
+
+
+@metal_emulator_only
+def test_attention_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    def run(Hq, Hkv, D):
+        ops.attention(randn(rng, 1, Hq, D), randn(rng, 3, Hkv, D), randn(rng, 3, Hkv, D), 1.0, device="metal-emulator")
+    for D in (260, 18):
+        with pytest.raises(Exception, match=r"attention \(metal-emulator\): D must be a multiple of 4 up to 256"):
+            run(2, 1, D)
+    with pytest.raises(Exception, match=r"attention \(metal-emulator\): query heads must be a multiple of KV heads"):
+        run(66, 2, 64)
+
+
+def test_attention_has_no_cuda_op_on_host_arrays(rng):
+    q, kv = randn(rng, 1, 2, 32), randn(rng, 1, 1, 32)
+    with pytest.raises(Exception, match="attention: (no CUDA kernel reachable yet|this build has no CUDA executor)"):
+        ops.attention(q, kv, kv, 1.0, device="cuda")
 
 
 # ---- MoE -------------------------------------------------------------------------------------

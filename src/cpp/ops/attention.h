@@ -17,7 +17,7 @@ struct Rope {
 
 // attention, causal GQA: out[t, h] = softmax_j(scale q[t, h] . k[j, h']) v[j, h'] over j <= pos0 + t,
 // h' = h / (Hq/Hkv); k, v hold the cache including this chunk.
-// tolerance attention: cpu 2e-6
+// tolerance attention: cpu 2e-6, metal-emulator 1e-6
 struct Attention {
   const float* q = nullptr;  // [T, Hq, D]
   const float* k = nullptr;  // [pos0 + T, Hkv, D]
