@@ -138,44 +138,62 @@ void copy_into(const In<T>& a, T* dst) {
 // when this build has the CUDA executor) or, for those with a Metal kernel (`metal`),
 // "metal-emulator" (src/metal/contract, when this build has the MSL emulator).
 enum class Backend { Cpu, Cuda, MetalEmulator };
-Backend backend_of(const std::string& device, const char* op, bool metal = false) {
+Backend backend_of(const std::string& device, const char* op) {
   if (device == "cpu") return Backend::Cpu;
-#ifdef LILY_HAS_CUDA
   if (device == "cuda") return Backend::Cuda;
-#else
-  if (device == "cuda") fail(op, ": this build has no CUDA executor");
-#endif
-  if (device == "metal-emulator") {
-    if (!metal) fail(op, ": no Metal kernel yet, so no device 'metal-emulator'");
-#ifdef LILY_HAS_METAL_EMULATOR
-    return Backend::MetalEmulator;
-#else
-    fail(op, ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
-#endif
-  }
+  if (device == "metal-emulator") return Backend::MetalEmulator;
   fail(op, ": device must be 'cpu', 'cuda' or 'metal-emulator', got '", device, "'");
+}
+
+// A backend's kernel of an op as run_on takes it: a callable, nullptr (the backend has no
+// kernel for the op), or NotBuilt (this build lacks the backend).
+struct NotBuilt {};
+#ifdef LILY_HAS_CUDA
+#define LILY_ON_CUDA(call) [&] { call; }
+#else
+#define LILY_ON_CUDA(call) NotBuilt{}
+#endif
+#ifdef LILY_HAS_METAL_EMULATOR
+#define LILY_ON_METAL(call) [&] { call; }
+#else
+#define LILY_ON_METAL(call) NotBuilt{}
+#endif
+
+// Runs the op's kernel on backend b with the GIL released, or refuses naming what is missing.
+template <class Cpu, class Cuda, class Metal>
+void run_on(Backend b, const char* op, Cpu cpu, Cuda cuda, Metal metal) {
+  auto go = [op](auto kernel, const char* none, const char* not_built) {
+    using K = decltype(kernel);
+    if constexpr (std::is_same_v<K, std::nullptr_t>) fail(op, none);
+    else if constexpr (std::is_same_v<K, NotBuilt>) fail(op, not_built);
+    else {
+      nb::gil_scoped_release nogil;
+      kernel();
+    }
+  };
+  if (b == Backend::Cpu) go(cpu, "", "");
+  else if (b == Backend::Cuda)
+    go(cuda, ": no CUDA kernel reachable yet (its kernels run inside the CUDA executor)",
+       ": this build has no CUDA executor");
+  else go(metal, ": no Metal kernel yet, so no device 'metal-emulator'",
+          ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
 }
 
 Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, const std::string& route) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
-  const Backend b = backend_of(device, "qmatmul", true);
+  const Backend b = backend_of(device, "qmatmul");
   if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
     fail("qmatmul: route '", route, "' is not one of ",
          b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   const ops::QMatmul args{x.data(), T, q.w, yp};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::qmatmul(args);
-#ifdef LILY_HAS_METAL_EMULATOR
-  else if (b == Backend::MetalEmulator) metal_ops::qmatmul(args);
-#endif
-#ifdef LILY_HAS_CUDA
-  else cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
-                               : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles
-                                                         : cuda_ops::QMatmulRoute::Decode);
-#endif
+  run_on(b, "qmatmul", [&] { cpu::qmatmul(args); },
+         LILY_ON_CUDA(cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
+                                              : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles
+                                                                        : cuda_ops::QMatmulRoute::Decode)),
+         LILY_ON_METAL(metal_ops::qmatmul(args)));
   return y;
 }
 
@@ -186,28 +204,18 @@ Out<float> embedding(In<int32_t> ids, nb::handle table, const std::string& devic
   const int64_t T = ids.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.cols)});
   const ops::Embedding args{q.w, ids.data(), T, yp};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::embedding(args);
-#ifdef LILY_HAS_CUDA
-  else cuda_ops::embedding(args);
-#endif
+  run_on(b, "embedding", [&] { cpu::embedding(args); }, LILY_ON_CUDA(cuda_ops::embedding(args)), nullptr);
   return y;
 }
 
 Out<float> rmsnorm(In<float> x, In<float> w, float eps, const std::string& device) {
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "rmsnorm", "w");
-  const Backend b = backend_of(device, "rmsnorm", true);
+  const Backend b = backend_of(device, "rmsnorm");
   auto [y, yp] = new_array<float>(shape_of(x));
   const ops::RmsNorm args{x.data(), rows_of(x), D, w.data(), eps, yp};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::rmsnorm(args);
-#ifdef LILY_HAS_CUDA
-  else if (b == Backend::Cuda) cuda_ops::rmsnorm(args);
-#endif
-#ifdef LILY_HAS_METAL_EMULATOR
-  else if (b == Backend::MetalEmulator) metal_ops::rmsnorm(args);
-#endif
+  run_on(b, "rmsnorm", [&] { cpu::rmsnorm(args); }, LILY_ON_CUDA(cuda_ops::rmsnorm(args)),
+         LILY_ON_METAL(metal_ops::rmsnorm(args)));
   return y;
 }
 
@@ -215,17 +223,11 @@ Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps, const
   const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
   need(w, {D}, "gated_rmsnorm", "w");
   if (shape_of(z) != shape_of(x)) fail("gated_rmsnorm: z must have the shape of x");
-  const Backend b = backend_of(device, "gated_rmsnorm", true);
+  const Backend b = backend_of(device, "gated_rmsnorm");
   auto [y, yp] = new_array<float>(shape_of(x));
   const ops::GatedRmsNorm args{x.data(), z.data(), rows_of(x), D, w.data(), eps, yp};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::gated_rmsnorm(args);
-#ifdef LILY_HAS_CUDA
-  else if (b == Backend::Cuda) cuda_ops::gated_rmsnorm(args);
-#endif
-#ifdef LILY_HAS_METAL_EMULATOR
-  else if (b == Backend::MetalEmulator) metal_ops::gated_rmsnorm(args);
-#endif
+  run_on(b, "gated_rmsnorm", [&] { cpu::gated_rmsnorm(args); }, LILY_ON_CUDA(cuda_ops::gated_rmsnorm(args)),
+         LILY_ON_METAL(metal_ops::gated_rmsnorm(args)));
   return y;
 }
 
@@ -282,7 +284,7 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   need(g, {T, Hv}, "gated_delta", "g");
   need(beta, {T, Hv}, "gated_delta", "beta");
   need(state, {Hv, Dk, Dv}, "gated_delta", "state");
-  const Backend b = backend_of(device, "gated_delta", true);
+  const Backend b = backend_of(device, "gated_delta");
   const bool cuda_route = route == "scan" || route == "chunked";
   if (!(route.empty() || (b == Backend::Cuda && cuda_route)))
     fail("gated_delta: route '", route, "' is not one of ",
@@ -291,14 +293,9 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
   const ops::GatedDelta args{q.data(), k.data(), v.data(), g.data(), beta.data(), T, Hk, Hv, Dk, Dv, sp, op};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::gated_delta(args);
-#ifdef LILY_HAS_METAL_EMULATOR
-  else if (b == Backend::MetalEmulator) metal_ops::gated_delta(args);
-#endif
-#ifdef LILY_HAS_CUDA
-  else if (b == Backend::Cuda) cuda_ops::gated_delta(args, route != "scan");  // the prefill's default: chunked
-#endif
+  run_on(b, "gated_delta", [&] { cpu::gated_delta(args); },
+         LILY_ON_CUDA(cuda_ops::gated_delta(args, route != "scan")),  // the prefill's default: chunked
+         LILY_ON_METAL(metal_ops::gated_delta(args)));
   return {o, s};
 }
 
@@ -309,15 +306,10 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const s
   const int64_t L = k.shape(0), Hkv = k.shape(1);
   need(v, {L, Hkv, D}, "attention", "v");
   if (L < T) fail("attention: the cache holds ", std::to_string(L), " positions, fewer than T = ", std::to_string(T));
-  const Backend b = backend_of(device, "attention", true);
-  if (b == Backend::Cuda) fail("attention: no CUDA kernel reachable yet (its kernels run inside the CUDA executor)");
+  const Backend b = backend_of(device, "attention");
   auto [o, op] = new_array<float>(shape_of(q));
   const ops::Attention args{q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op};
-  nb::gil_scoped_release nogil;
-  if (b == Backend::Cpu) cpu::attention(args);
-#ifdef LILY_HAS_METAL_EMULATOR
-  else if (b == Backend::MetalEmulator) metal_ops::attention(args);
-#endif
+  run_on(b, "attention", [&] { cpu::attention(args); }, nullptr, LILY_ON_METAL(metal_ops::attention(args)));
   return o;
 }
 
