@@ -235,7 +235,7 @@ Out<float> l2norm(In<float> x, float eps, float scale) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::l2norm({yp, rows_of(x), x.ndim() ? x.shape(x.ndim() - 1) : 0, eps, scale});
+  cpu::l2norm({yp, rows_of(x), x.ndim() ? static_cast<int64_t>(x.shape(x.ndim() - 1)) : 0, eps, scale});
   return y;
 }
 
@@ -244,7 +244,8 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::rope({yp, x.shape(0), x.shape(1), x.shape(2), rotary_dim, pos0, theta});
+  cpu::rope({yp, static_cast<int64_t>(x.shape(0)), static_cast<int64_t>(x.shape(1)), static_cast<int64_t>(x.shape(2)), rotary_dim,
+             pos0, theta});
   return y;
 }
 
