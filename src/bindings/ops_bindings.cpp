@@ -123,10 +123,21 @@ PyQWeight qweight_from(const nb::dict& d, const char* key, const char* op) {
   return PyQWeight(d[key], op, key);
 }
 
+// Extent of dim i, signed like the op contracts' sizes.
+template <typename T>
+int64_t dim_of(const In<T>& a, size_t i) {
+  return static_cast<int64_t>(a.shape(i));
+}
+// Extent of the last dim (0 for a scalar).
+template <typename T>
+int64_t last_dim(const In<T>& a) {
+  return a.ndim() ? dim_of(a, a.ndim() - 1) : 0;
+}
 // Rows of the leading dims of a [..., dim] array.
 template <typename T>
 int64_t rows_of(const In<T>& a) {
-  return a.ndim() == 0 || a.shape(a.ndim() - 1) == 0 ? 0 : static_cast<int64_t>(a.size() / a.shape(a.ndim() - 1));
+  const int64_t D = last_dim(a);
+  return D == 0 ? 0 : static_cast<int64_t>(a.size()) / D;
 }
 
 template <typename T>
@@ -209,7 +220,7 @@ Out<float> embedding(In<int32_t> ids, nb::handle table, const std::string& devic
 }
 
 Out<float> rmsnorm(In<float> x, In<float> w, float eps, const std::string& device) {
-  const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
+  const int64_t D = last_dim(x);
   need(w, {D}, "rmsnorm", "w");
   const Backend b = backend_of(device, "rmsnorm");
   auto [y, yp] = new_array<float>(shape_of(x));
@@ -220,7 +231,7 @@ Out<float> rmsnorm(In<float> x, In<float> w, float eps, const std::string& devic
 }
 
 Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps, const std::string& device) {
-  const int64_t D = x.ndim() ? x.shape(x.ndim() - 1) : 0;
+  const int64_t D = last_dim(x);
   need(w, {D}, "gated_rmsnorm", "w");
   if (shape_of(z) != shape_of(x)) fail("gated_rmsnorm: z must have the shape of x");
   const Backend b = backend_of(device, "gated_rmsnorm");
@@ -235,7 +246,7 @@ Out<float> l2norm(In<float> x, float eps, float scale) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::l2norm({yp, rows_of(x), x.ndim() ? static_cast<int64_t>(x.shape(x.ndim() - 1)) : 0, eps, scale});
+  cpu::l2norm({yp, rows_of(x), last_dim(x), eps, scale});
   return y;
 }
 
@@ -244,8 +255,7 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
   nb::gil_scoped_release nogil;
-  cpu::rope({yp, static_cast<int64_t>(x.shape(0)), static_cast<int64_t>(x.shape(1)), static_cast<int64_t>(x.shape(2)), rotary_dim,
-             pos0, theta});
+  cpu::rope({yp, dim_of(x, 0), dim_of(x, 1), dim_of(x, 2), rotary_dim, pos0, theta});
   return y;
 }
 
