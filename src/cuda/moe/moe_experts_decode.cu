@@ -25,6 +25,11 @@ __device__ __forceinline__ void stage_routing(const int* ids, const float* weigh
 
 constexpr int kWarps = 8;
 
+// Slots of gate/up's tile ring (MmaTileRing) for T rows: one token has about two routed
+// tasks a block, several have 4-8.
+template <int T>
+constexpr int kGateUpRing = T == 1 ? 2 : 3;
+
 // One warp per (slot, row r): reads gate row r and up row r of the slot's expert. The
 // first tile is loaded (once the expert ids are known) before x is staged.
 template <int BITS, int U>
@@ -209,13 +214,23 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   static_assert(kMoeMaxTopK <= 32, "a lane per (token, slot)");
   // The routed tasks, (expert u, row block): expert(u) is u's id, slots(u, slot) where each
   // token has it (-1: not chosen).
+  // Their tiles go through the warp's ring (over the raw x, free once x is staged).
+  using Ring = MmaTileRing<GPW, kGateUpRing<T>>;
+  Ring ring(st.raw + (threadIdx.x >> 5) * Ring::kBytes / 4);
   auto walk = [&](int routed, auto expert, auto slots) {
     auto row_block = [&](int task) { return expert(task / rbe) * rbe + task % rbe; };
+    auto load = [&](int i) {  // the block's i-th task into slot i % S
+      const int task = blockIdx.x + i * grid;
+      ring.load(i % kGateUpRing<T>, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
+    };
+    for (int i = 0; i < kGateUpRing<T> - 1; ++i) load(i);
     int task = blockIdx.x;
-    if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
-    for (; task < routed; task += grid) {
-      const MmaTiles<GPW> cur = next;
-      if (task + grid < routed) next.load(m.gate_up, row_block(task + grid), g0, G, lane);
+    for (int i = 0; task < routed; task += grid, ++i) {
+      // Slot (i - 1) % S was read before the previous task's barrier (finish).
+      load(i + kGateUpRing<T> - 1);
+      cp_async_wait<kGateUpRing<T> - 1>();
+      __syncwarp();
+      const MmaTiles<GPW> cur = ring.tiles(i % kGateUpRing<T>, g0, G, lane);
       int slot[T];
       slots(task / rbe, slot);
       const int r8 = 8 * (task % rbe);
@@ -242,6 +257,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     });
   }
   timeline_done();
+}
+
+// gate_up_mma_kernel's dynamic shared memory: the staged x rows, their raw part (from
+// mma_stage's raw on) overlaid by the warps' tile rings.
+template <int GPW, int T>
+size_t gate_up_mma_smem_bytes(int H) {
+  const size_t raw = static_cast<size_t>(T) * (H * 4 + mma_sum_stride(H) * 4);
+  return std::max(stage_mma_bytes(H, T), raw + kWarps * MmaTileRing<GPW, kGateUpRing<T>>::kBytes);
 }
 
 // Tensor-core down + combine: block task = 16 output rows. Pairs are (expert, group of 64
@@ -489,7 +512,7 @@ void moe_gate_up_decode(const MoeExperts& m, const XSpec& X, const int* ids, int
     with_step_rows("moe_gate_up_decode", rows, [&](auto t) {
       with_groups_per_warp(H, kWarps, "moe_gate_up_decode", [&](auto gpw) {
         auto kernel = gate_up_mma_kernel<gpw, t>;
-        const size_t smem = stage_mma_bytes(H, t);
+        const size_t smem = gate_up_mma_smem_bytes<gpw, t>(H);
         allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_gate_up_decode: set smem");
         launch("moe_gate_up_decode (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, top_k, act, halt);
       });
@@ -499,6 +522,16 @@ void moe_gate_up_decode(const MoeExperts& m, const XSpec& X, const int* ids, int
   if (m.gate_up.bits == 4) launch_gate_up<4>(m, X, ids, top_k, act, halt, stream);
   else if (m.gate_up.bits == 8) launch_gate_up<8>(m, X, ids, top_k, act, halt, stream);
   else fail("moe_gate_up_decode: unsupported bit width ", std::to_string(m.gate_up.bits));
+}
+
+size_t moe_gate_up_decode_smem_bytes(const MoeExperts& m, int rows) {
+  const int H = m.gate_up.cols;
+  if (!tiled(m)) return m.gate_up.bits == 8 ? stage_bytes<8>(H) : stage_bytes<4>(H);
+  size_t bytes = 0;
+  with_step_rows("moe_gate_up_decode", rows, [&](auto t) {
+    with_groups_per_warp(H, kWarps, "moe_gate_up_decode", [&](auto gpw) { bytes = gate_up_mma_smem_bytes<gpw, t>(H); });
+  });
+  return bytes;
 }
 
 size_t moe_down_decode_smem_bytes(const MoeExperts& m, int top_k, int rows) {

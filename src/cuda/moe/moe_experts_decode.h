@@ -48,7 +48,8 @@ void moe_down_decode(const MoeExperts& m, const float* act, const int* ids, cons
 constexpr int kMoeDownMaxWarps = 16;
 int moe_down_decode_warps(int hidden);
 
-// Dynamic shared memory of the tensor-core moe_down_decode.
+// Dynamic shared memory of moe_gate_up_decode and of the tensor-core moe_down_decode.
+size_t moe_gate_up_decode_smem_bytes(const MoeExperts& m, int rows);
 size_t moe_down_decode_smem_bytes(const MoeExperts& m, int top_k, int rows);
 
 }  // namespace lily::cuda

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/async_copy.cuh"
 #include "qmatmul/qmatmul_decode_fma.cuh"
 
 namespace lily::cuda {
@@ -165,6 +166,49 @@ struct MmaTiles {
         y1 = fmaf(weight, group_term(s1[i], v.y, xs), y1);
       }
     }
+  }
+};
+
+// A warp's ring of S slots of MmaTiles<N> in shared memory, filled by cp.async: S - 1 tasks'
+// tiles stay in flight while one is computed, with no registers held for them. Slot: N
+// groups of 512 code bytes (lane L's 16 at 16 L) and 64 scale|bias bytes (rows 0..15).
+template <int N, int S>
+struct MmaTileRing {
+  static constexpr size_t kBytes = static_cast<size_t>(S) * N * (512 + 64);
+  uint4* codes;  // [S][N][32]
+  uint32_t* sb;  // [S][N][16]
+
+  __device__ explicit MmaTileRing(void* base)
+      : codes(static_cast<uint4*>(base)), sb(reinterpret_cast<uint32_t*>(codes + S * N * 32)) {}
+
+  // Starts copying row block rb's groups g0 .. g0+N-1 (those < G) into slot s; commits one
+  // cp.async group either way (load = false: an empty one), so waits count tasks.
+  __device__ __forceinline__ void load(int s, bool load, const QMat& W, int rb, int g0, int G, int lane) {
+    if (load)
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        if (g0 + i < G) {
+          const size_t t = static_cast<size_t>(rb) * G + g0 + i;
+          cp_async16(smem_addr(codes + (s * N + i) * 32 + lane), W.codes + t * 32 + lane);
+          if (lane < 4) cp_async16(smem_addr(sb + (s * N + i) * 16 + 4 * lane), W.sb + t * 16 + 4 * lane);
+        }
+      }
+    cp_async_commit();
+  }
+
+  // Slot s in registers, once its copies have landed (cp_async_wait, then __syncwarp: the
+  // scale words were copied by lanes 0..3).
+  __device__ __forceinline__ MmaTiles<N> tiles(int s, int g0, int G, int lane) const {
+    MmaTiles<N> t;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (g0 + i < G) {
+        t.c[i] = codes[(s * N + i) * 32 + lane];
+        t.s0[i] = sb[(s * N + i) * 16 + (lane >> 2)];
+        t.s1[i] = sb[(s * N + i) * 16 + (lane >> 2) + 8];
+      }
+    }
+    return t;
   }
 };
 

@@ -73,6 +73,7 @@ int verify_rows_limit(const ModelConfig& c, const DeviceWeights& W, const Worksp
     if (k * rows > 32) return reason = "top_k " + std::to_string(k) + " x rows is more than 32 (token, slot) pairs", false;
     for (const DeviceLayer& L : W.layers) {
       if (moe_router_decode_smem_bytes(L.router, E, rows) > kRouterMaxSmem) return reason = "the router's shared memory", false;
+      if (moe_gate_up_decode_smem_bytes(L.experts, rows) > static_cast<size_t>(optin)) return reason = "moe_gate_up_decode's shared memory", false;
       if (moe_down_decode_smem_bytes(L.experts, k, rows) > static_cast<size_t>(optin)) return reason = "moe_down_decode's shared memory", false;
       for (const QMat* m : {&L.gdn_in, &L.gdn_out, &L.attn_in, &L.attn_out})
         if (m->rows && qmatmul_decode_smem_bytes(*m, rows) > static_cast<size_t>(optin)) return reason = "a projection's shared memory", false;
