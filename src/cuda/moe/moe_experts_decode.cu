@@ -25,10 +25,9 @@ __device__ __forceinline__ void stage_routing(const int* ids, const float* weigh
 
 constexpr int kWarps = 8;
 
-// Slots of gate/up's tile ring (MmaTileRing) for T rows: one token has about two routed
-// tasks a block, several have 4-8.
-template <int T>
-constexpr int kGateUpRing = T == 1 ? 2 : 3;
+// Slots of gate/up's tile ring (MmaTileRing): the next task's loads start before the wait
+// for this one's. (Three measured slower at T > 1: perf-log §17.)
+constexpr int kGateUpRing = 2;
 
 // One warp per (slot, row r): reads gate row r and up row r of the slot's expert. The
 // first tile is loaded (once the expert ids are known) before x is staged.
@@ -215,22 +214,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   // The routed tasks, (expert u, row block): expert(u) is u's id, slots(u, slot) where each
   // token has it (-1: not chosen).
   // Their tiles go through the warp's ring (over the raw x, free once x is staged).
-  using Ring = MmaTileRing<GPW, kGateUpRing<T>>;
+  using Ring = MmaTileRing<GPW, kGateUpRing>;
   Ring ring(st.raw + (threadIdx.x >> 5) * Ring::kBytes / 4);
   auto walk = [&](int routed, auto expert, auto slots) {
     auto row_block = [&](int task) { return expert(task / rbe) * rbe + task % rbe; };
     auto load = [&](int i) {  // the block's i-th task into slot i % S
       const int task = blockIdx.x + i * grid;
-      ring.load(i % kGateUpRing<T>, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
+      ring.load(i % kGateUpRing, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
     };
-    for (int i = 0; i < kGateUpRing<T> - 1; ++i) load(i);
+    for (int i = 0; i < kGateUpRing - 1; ++i) load(i);
     int task = blockIdx.x;
     for (int i = 0; task < routed; task += grid, ++i) {
       // Slot (i - 1) % S was read before the previous task's barrier (finish).
-      load(i + kGateUpRing<T> - 1);
-      cp_async_wait<kGateUpRing<T> - 1>();
+      load(i + kGateUpRing - 1);
+      cp_async_wait<kGateUpRing - 1>();
       __syncwarp();
-      const MmaTiles<GPW> cur = ring.tiles(i % kGateUpRing<T>, g0, G, lane);
+      const MmaTiles<GPW> cur = ring.tiles(i % kGateUpRing, g0, G, lane);
       int slot[T];
       slots(task / rbe, slot);
       const int r8 = 8 * (task % rbe);
@@ -264,7 +263,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 template <int GPW, int T>
 size_t gate_up_mma_smem_bytes(int H) {
   const size_t raw = static_cast<size_t>(T) * (H * 4 + mma_sum_stride(H) * 4);
-  return std::max(stage_mma_bytes(H, T), raw + kWarps * MmaTileRing<GPW, kGateUpRing<T>>::kBytes);
+  return std::max(stage_mma_bytes(H, T), raw + kWarps * MmaTileRing<GPW, kGateUpRing>::kBytes);
 }
 
 // Tensor-core down + combine: block task = 16 output rows. Pairs are (expert, group of 64
