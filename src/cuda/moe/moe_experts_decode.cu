@@ -25,8 +25,8 @@ __device__ __forceinline__ void stage_routing(const int* ids, const float* weigh
 
 constexpr int kWarps = 8;
 
-// Slots of gate/up's tile ring (MmaTileRing): the next task's loads start before the wait
-// for this one's. (Three measured slower at T > 1: perf-log §17.)
+// Slots of gate/up's tile ring for one token (MmaTileRing): the next task's loads start before
+// the wait for this one's.
 constexpr int kGateUpRing = 2;
 
 // One warp per (slot, row r): reads gate row r and up row r of the slot's expert. The
@@ -213,23 +213,31 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   static_assert(kMoeMaxTopK <= 32, "a lane per (token, slot)");
   // The routed tasks, (expert u, row block): expert(u) is u's id, slots(u, slot) where each
   // token has it (-1: not chosen).
-  // Their tiles go through the warp's ring (over the raw x, free once x is staged).
+  // Their tiles: one token's through the warp's ring (over the raw x, free once x is staged),
+  // so the next task's loads start before this one's arrive; several tokens' in registers,
+  // one task ahead (the ring measured slower there: perf-log §17).
   using Ring = MmaTileRing<GPW, kGateUpRing>;
   Ring ring(st.raw + (threadIdx.x >> 5) * Ring::kBytes / 4);
   auto walk = [&](int routed, auto expert, auto slots) {
     auto row_block = [&](int task) { return expert(task / rbe) * rbe + task % rbe; };
-    auto load = [&](int i) {  // the block's i-th task into slot i % S
+    auto load = [&](int i) {  // the block's i-th task (into slot i % S)
       const int task = blockIdx.x + i * grid;
-      ring.load(i % kGateUpRing, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
+      if constexpr (T == 1) ring.load(i % kGateUpRing, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
+      else if (task < routed) next.load(m.gate_up, row_block(task), g0, G, lane);
     };
-    for (int i = 0; i < kGateUpRing - 1; ++i) load(i);
+    for (int i = 0; i < (T == 1 ? kGateUpRing - 1 : 1); ++i) load(i);
     int task = blockIdx.x;
     for (int i = 0; task < routed; task += grid, ++i) {
-      // Slot (i - 1) % S was read before the previous task's barrier (finish).
-      load(i + kGateUpRing - 1);
-      cp_async_wait<kGateUpRing - 1>();
-      __syncwarp();
-      const MmaTiles<GPW> cur = ring.tiles(i % kGateUpRing, g0, G, lane);
+      MmaTiles<GPW> cur;
+      if constexpr (T == 1) {  // slot (i - 1) % S was read before the previous task's barrier (finish)
+        load(i + kGateUpRing - 1);
+        cp_async_wait<kGateUpRing - 1>();
+        __syncwarp();
+        cur = ring.tiles(i % kGateUpRing, g0, G, lane);
+      } else {
+        cur = next;
+        load(i + 1);
+      }
       int slot[T];
       slots(task / rbe, slot);
       const int r8 = 8 * (task % rbe);
@@ -258,11 +266,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   timeline_done();
 }
 
-// gate_up_mma_kernel's dynamic shared memory: the staged x rows, their raw part (from
-// mma_stage's raw on) overlaid by the warps' tile rings.
+// gate_up_mma_kernel's dynamic shared memory: the staged x rows, for one token their raw part
+// (from mma_stage's raw on) overlaid by the warps' tile rings.
 template <int GPW, int T>
 size_t gate_up_mma_smem_bytes(int H) {
   const size_t raw = static_cast<size_t>(T) * (H * 4 + mma_sum_stride(H) * 4);
+  if (T > 1) return stage_mma_bytes(H, T);
   return std::max(stage_mma_bytes(H, T), raw + kWarps * MmaTileRing<GPW, kGateUpRing>::kBytes);
 }
 
