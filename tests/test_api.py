@@ -172,9 +172,10 @@ def _stop_string(text: str) -> str:
 def test_stop_string_cuts_the_text(tiny_model, greedy40):
     stop = _stop_string(greedy40.text)
     want = greedy40.text[: greedy40.text.find(stop)]
-    r = tiny_model.generate(PROMPT, max_tokens=40, ignore_eos=True, stop=[stop, "\x00never"])
-    assert r.finish_reason == "stop"
+    r = tiny_model.generate(PROMPT, max_tokens=40, ignore_eos=True, stop=["\x00never", stop])
+    assert r.finish_reason == "stop" and r.stop_string == stop
     assert r.text == want
+    assert tiny_model.generate(PROMPT, max_tokens=3, ignore_eos=True, stop="\x00never").stop_string is None
 
 
 def test_stop_string_when_streaming(tiny_model, greedy40):
@@ -183,6 +184,7 @@ def test_stop_string_when_streaming(tiny_model, greedy40):
     stream = tiny_model.generate(PROMPT, max_tokens=40, ignore_eos=True, stop=stop, stream=True)
     assert "".join(p.text for p in stream) == want
     assert stream.result.finish_reason == "stop" and stream.result.text == want
+    assert stream.result.stop_string == stop
 
 
 def test_session_after_a_stop_string_holds_exactly_the_returned_tokens(tiny_model, greedy40):

@@ -33,6 +33,7 @@ class GenerationResult:
     prompt_tokens: int
     prefill_seconds: float
     decode_seconds: float
+    stop_string: str | None = None  # the stop string that ended the text, if one did
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -373,7 +374,7 @@ class _Run:
         self._stop_ids = set(stop_ids)
         self._stops = stops
         self._held = ""  # text held back while it could still be the start of a stop string
-        self._cut = False  # a stop string was found: the rest of the text is dropped
+        self._matched: str | None = None  # the stop string found: the rest of the text is dropped
         self._text: list[str] = []
         self._ids: list[int] = []
         self._unsent: list[int] = []  # ids not yet handed out in a Piece
@@ -406,15 +407,15 @@ class _Run:
                 self._first_token_time = time.perf_counter()
             self._ids.append(tok)
             self._unsent.append(tok)
-            if self._decoder is None or tok in self._stop_ids or self._cut:
+            if self._decoder is None or tok in self._stop_ids or self._matched is not None:
                 continue
             text = self._release(self._decoder.push(tok))
             if text:
                 return self._piece(text)
         tail = ""
-        if self._decoder is not None and not self._cut:
+        if self._decoder is not None and self._matched is None:
             tail = self._release(self._decoder.flush(), final=True)
-        self._finish("stop" if self._cut else self._stream.finish_reason)
+        self._finish("stop" if self._matched is not None else self._stream.finish_reason)
         return self._piece(tail, self.result.finish_reason)
 
     def _piece(self, text: str, finish_reason: str | None = None) -> Piece:
@@ -427,9 +428,10 @@ class _Run:
             self._text.append(new_text)
             return new_text
         buf = self._held + new_text
-        hits = [at for at in (buf.find(s) for s in self._stops) if at >= 0]
+        hits = [(at, s) for s in self._stops if (at := buf.find(s)) >= 0]
         if hits:
-            out, self._held, self._cut = buf[: min(hits)], "", True
+            at, self._matched = min(hits)
+            out, self._held = buf[:at], ""
         else:
             keep = 0 if final else max(
                 (k for s in self._stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
@@ -446,6 +448,7 @@ class _Run:
             prompt_tokens=self._prompt_tokens,
             prefill_seconds=first - self._t0,
             decode_seconds=self._stream.decode_seconds,
+            stop_string=self._matched,
         )
 
     def collect(self) -> GenerationResult:
