@@ -136,7 +136,8 @@ async def _collect(events) -> tuple[list[str], Outcome]:
             async for event in events:
                 if isinstance(event, Outcome):
                     return pieces, event
-                pieces.append(event)
+                if isinstance(event, str):
+                    pieces.append(event)
     except LilyError as e:
         raise bad_request(str(e)) from e
     raise RuntimeError("the generation ended without an outcome")

@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from .._lily import LilyError
+
 log = logging.getLogger("lily.server")
 
 _TYPES = {401: "authentication_error", 404: "invalid_request_error", 503: "server_error", 500: "server_error"}
@@ -33,6 +35,18 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def stream_error(e: Exception, count_failure) -> APIError:
+    """What a stream's error event reports for `e`, raised after the stream began; an error that
+    is not the request's fault is logged and counted by count_failure."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, LilyError):
+        return bad_request(str(e))
+    log.exception("generation failed")
+    count_failure(e)
+    return APIError(500, f"internal error: {type(e).__name__}")
 
 
 class ErrorDetail(BaseModel):

@@ -62,11 +62,32 @@ class Defaults:
         return d
 
 
+@dataclass
+class ChatPrompt:
+    text: str
+    ids: list[int]
+    tools: list[dict] | None  # the tools rendered into it (none when tool_choice is "none")
+
+
 def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_limit: int | None,
               defaults: Defaults) -> Plan:
+    prompt = chat_prompt(model, req)
+    ids, tools = prompt.ids, prompt.tools
+    asked = ("max_completion_tokens", req.max_completion_tokens) if req.max_completion_tokens else (
+        "max_tokens", req.max_tokens)
+    in_reasoning = prompt_opens_reasoning(prompt.text)
+    plan = Plan(ids, _options(req, asked, len(ids), context, max_tokens_limit, defaults),
+                checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
+                parse_tools=tools is not None, tools=tools, forced=forced_call(model, req, tools, in_reasoning))
+    plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return plan
+
+
+def chat_prompt(model, req: ChatCompletionRequest) -> ChatPrompt:
+    """The request's messages and tools through the chat template."""
     _check_unicode(req)
-    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    use_tools = tools is not None and req.tool_choice != "none"
+    offered = req.tools and req.tool_choice != "none"
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if offered else None
     kwargs = dict(req.chat_template_kwargs or {})
     bad = sorted(_RESERVED_TEMPLATE_VARS & kwargs.keys())
     if bad:
@@ -76,19 +97,10 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
         raise bad_request("enable_thinking must be true or false", "chat_template_kwargs.enable_thinking")
     messages = [_message(m, i) for i, m in enumerate(req.messages)]
     try:
-        text = model.apply_chat_template(messages, tools=tools if use_tools else None,
-                                         enable_thinking=enable_thinking, **kwargs)
+        text = model.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking, **kwargs)
     except LilyError as e:
         raise bad_request(str(e), "messages") from e
-    ids = model.encode(text)
-    asked = ("max_completion_tokens", req.max_completion_tokens) if req.max_completion_tokens else (
-        "max_tokens", req.max_tokens)
-    in_reasoning = prompt_opens_reasoning(text)
-    plan = Plan(ids, _options(req, asked, len(ids), context, max_tokens_limit, defaults),
-                checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
-                parse_tools=use_tools, tools=tools, forced=forced_call(model, req, tools, in_reasoning))
-    plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    return plan
+    return ChatPrompt(text, model.encode(text), tools)
 
 
 def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int | None,

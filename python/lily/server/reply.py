@@ -19,6 +19,7 @@ class ReplyWriter:
         self._run = None  # the generate call running now
         self._cancelled = False
         self.tokens = 0  # generated and forced
+        self.stop_string: str | None = None  # the stop string that ended the last generate call
         self.prefill_seconds = 0.0  # the wait for the first token, when the reply starts by generating
         self.decode_seconds = 0.0
 
@@ -51,6 +52,7 @@ class ReplyWriter:
             self.decode_seconds += result.prefill_seconds
         self.decode_seconds += result.decode_seconds
         self.tokens += len(result.token_ids)
+        self.stop_string = result.stop_string
         return result
 
     def feed(self, ids):

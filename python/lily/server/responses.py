@@ -8,9 +8,8 @@ import uuid
 from contextlib import aclosing
 from typing import AsyncIterator
 
-from .._lily import LilyError
 from ..tool_calls import AssistantStream, Delta
-from .errors import APIError, bad_request, log
+from .errors import stream_error
 from .prompts import Plan
 from .worker import Outcome
 
@@ -26,16 +25,6 @@ def usage(outcome: Outcome) -> dict:
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
     }
-
-
-def _error_event(e: Exception, count_failure) -> str:
-    if isinstance(e, APIError):
-        return sse(e.body())
-    if isinstance(e, LilyError):
-        return sse(bad_request(str(e)).body())
-    log.exception("generation failed")
-    count_failure(e)
-    return sse(APIError(500, f"internal error: {type(e).__name__}").body())
 
 
 class _Reply:
@@ -100,11 +89,11 @@ class ChatReply(_Reply):
                         yield self._chunk({}, self._finish_reason(event))
                         if self.plan.include_usage:
                             yield sse({**self._body([], usage=usage(event)), "object": "chat.completion.chunk"})
-                    else:
+                    elif isinstance(event, str):
                         for chunk in self._delta_chunks(self.parser.feed(event)):
                             yield chunk
         except Exception as e:  # the status line is sent already: report in the stream
-            yield _error_event(e, count_failure)
+            yield sse(stream_error(e, count_failure).body())
         yield sse("[DONE]")
 
 
@@ -129,8 +118,8 @@ class CompletionReply(_Reply):
                         yield sse(self._body([self._choice("", event.finish_reason)], **extra))
                         if self.plan.include_usage:
                             yield sse(self._body([], usage=usage(event)))
-                    else:
+                    elif isinstance(event, str):
                         yield sse(self._body([self._choice(event, None)], **extra))
         except Exception as e:
-            yield _error_event(e, count_failure)
+            yield sse(stream_error(e, count_failure).body())
         yield sse("[DONE]")

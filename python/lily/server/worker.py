@@ -48,6 +48,15 @@ class Job:
 
 
 @dataclass
+class Prefilled:
+    """The first event of a job that runs: its prompt is in the session (a reply that reports
+    usage up front, as the Messages API's message_start does, waits for it)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
 class Outcome:
     finish_reason: str  # "stop", "length" or "cancelled"
     prompt_tokens: int
@@ -55,6 +64,7 @@ class Outcome:
     completion_tokens: int
     prefill_seconds: float
     decode_seconds: float
+    stop_string: str | None = None  # the request's stop string that ended the reply
 
 
 @dataclass
@@ -97,7 +107,7 @@ class Worker:
                            code="server_overloaded")
 
     async def generate(self, job: Job) -> AsyncIterator[str | Outcome]:
-        """Text pieces of the reply, then its Outcome. Leaving the iteration early cancels the job."""
+        """Prefilled, text pieces of the reply, then its Outcome. Leaving the iteration early cancels the job."""
         loop = asyncio.get_running_loop()
         self.stats.requests += 1
         self.waiting += 1
@@ -158,6 +168,7 @@ class Worker:
             if job.cancelled:
                 self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
                 return
+            emit(Prefilled(len(job.ids), cached))
             reply = job.start_reply(self.session, emit, self._eos_text)
             if job.forced is None:
                 finish_reason = reply.generate().finish_reason
@@ -166,7 +177,8 @@ class Worker:
             if finish_reason != "cancelled":
                 self.cache.store(self.session)  # the reply: the next turn may continue from it
             self._finish(emit, Outcome(finish_reason, len(job.ids), cached, reply.tokens,
-                                       prefill_seconds + reply.prefill_seconds, reply.decode_seconds))
+                                       prefill_seconds + reply.prefill_seconds, reply.decode_seconds,
+                                       reply.stop_string))
         except Exception as e:
             emit(e)
             raise
