@@ -20,8 +20,8 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 from test_server import live_server, make_app  # noqa: E402
 
 MAX_EXAMPLES = 40  # per operation and mode; keeps the run CI-sized
-OPERATIONS = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model_id}",
-              "GET /health")
+OPERATIONS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
+              "POST /v1/messages/count_tokens", "GET /v1/models", "GET /v1/models/{model_id}", "GET /health")
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +58,12 @@ def test_openapi_schema_is_published(fuzz_url):
     import httpx
 
     doc = httpx.get(fuzz_url + "/openapi.json").json()
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"} <= doc["paths"].keys()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+            "/health"} <= doc["paths"].keys()
     responses = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert {"200", "400", "404", "413", "503"} <= responses.keys() and "422" not in responses
+    messages = doc["paths"]["/v1/messages"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "529"} <= messages.keys() and "422" not in messages
 
 
 def test_every_operation_is_fuzzed(api_schema):

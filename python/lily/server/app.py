@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from .. import params
 from .._lily import LilyError
 from .._version import __version__
-from . import errors
+from . import anthropic, errors
+from .anthropic import CountTokensRequest, MessagesRequest
+from .anthropic_reply import MessageReply
 from .errors import APIError, bad_request
 from .prompts import Defaults, chat_plan, completion_plan
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -28,7 +30,7 @@ from .worker import Job, Outcome, Worker
 class ServerConfig:
     model_name: str | None = None  # served name (default: the checkpoint directory's name)
     aliases: tuple[str, ...] = ()  # other names accepted in requests (e.g. the path given to -m)
-    api_key: str | None = None  # required as "Authorization: Bearer KEY" when set
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" or "x-api-key: KEY" when set
     context: int | None = None  # session context in tokens (default: the model's)
     cache_bytes: int = 4 << 30  # prefix cache budget
     max_queue: int = params.MAX_QUEUE.default  # requests that may wait; more get 503
@@ -60,10 +62,10 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         yield
         await run_in_threadpool(worker.close)
 
-    app = FastAPI(title="lily", summary="OpenAI-compatible API for one local Qwen3.5/3.6 model",
+    app = FastAPI(title="lily", summary="OpenAI- and Anthropic-compatible API for one local Qwen3.5/3.6 model",
                   version=__version__, lifespan=lifespan)
     app.state.worker = worker
-    errors.install(app, worker.count_failure)
+    errors.install(app, worker.count_failure, {"/v1/messages": anthropic.ERRORS})
     auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []
 
     def check_model(requested: str) -> None:
@@ -113,17 +115,35 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
                                        defaults=defaults)
         return await respond(request, plan, CompletionReply(name, plan), body.stream)
 
+    @app.post("/v1/messages", dependencies=auth, responses=anthropic.error_schema())
+    async def messages(body: MessagesRequest, request: Request):
+        check_model(body.model)
+        anthropic.check_unicode(await request.json())
+        plan = await run_in_threadpool(anthropic.messages_plan, model, body, context=context,
+                                       max_tokens_limit=limit, defaults=defaults)
+        return await respond(request, plan, MessageReply(name, plan), body.stream)
+
+    @app.post("/v1/messages/count_tokens", dependencies=auth, responses=anthropic.error_schema())
+    async def count_tokens(body: CountTokensRequest, request: Request):
+        check_model(body.model)
+        anthropic.check_unicode(await request.json())
+        return {"input_tokens": await run_in_threadpool(anthropic.count_tokens, model, body)}
+
     generate_schema = app.openapi
     app.openapi = lambda: errors.drop_422(generate_schema())
     return app
 
 
 def _api_key_check(key: str):
-    bearer = HTTPBearer(auto_error=False, description="the key given to `lily serve --api-key`")
+    about = "the key given to `lily serve --api-key`"
+    bearer = HTTPBearer(auto_error=False, description=about)
+    header = APIKeyHeader(name="x-api-key", auto_error=False, description=about + " (Anthropic clients send it so)")
 
-    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)):
-        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key.encode()):
-            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+                    x_api_key: str | None = Depends(header)):
+        given = credentials.credentials if credentials is not None else x_api_key
+        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     return check

@@ -1,9 +1,12 @@
-"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with a fitting status."""
+"""Errors with a fitting status, OpenAI-shaped ({"error": {"message", "type", "param", "code"}})
+unless the route's family words them otherwise (ErrorStyle)."""
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,9 +83,10 @@ def drop_422(schema: dict) -> dict:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "any"}
 
 
-def _param(loc) -> str | None:
-    """('body', 'messages', 0, 'role') -> 'messages[0].role'; stops at a union member's tag
-    (pydantic adds e.g. 'constrained-str' or 'list[TextPart]' to the location)."""
+def _param(error: dict) -> str | None:
+    """The field of a validation error at ('body', 'messages', 0, 'role'): 'messages[0].role'; stops
+    at a union member's tag (pydantic adds e.g. 'constrained-str' or 'list[TextPart]' to the location)."""
+    loc = error.get("loc", ())
     out = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):
@@ -94,42 +98,64 @@ def _param(loc) -> str | None:
     return out or None
 
 
-def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+def _validation_message(errors: list[dict], param_of) -> tuple[str, str | None]:
     """One message for the first invalid parameter, listing what each accepted form wanted."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
-    param = _param(first.get("loc", ()))
+    param = param_of(first)
     if param is None:
         return f"the request body must be a JSON object ({first.get('msg', 'invalid')})", None
-    if any(e.get("type") == "string_unicode" and _param(e.get("loc", ())) == param for e in errors):
+    if any(e.get("type") == "string_unicode" and param_of(e) == param for e in errors):
         return f"{param} holds a lone surrogate, which is not valid Unicode text (half a UTF-16 pair)", param
-    wants = list(dict.fromkeys(e["msg"] for e in errors if _param(e.get("loc", ())) == param))
+    wants = list(dict.fromkeys(e["msg"] for e in errors if param_of(e) == param))
     return f"{param}: {'; or '.join(wants[:4])}", param
 
 
-def install(app: FastAPI, count_failure) -> None:
-    """Error handlers: every error an OpenAI-shaped body; an unexpected one a 500, logged and
-    counted by `count_failure(exc)` (the /health failure counter)."""
+def invalid_request(exc: RequestValidationError, request: Request, param_of=_param) -> APIError:
+    """The 400 for a body that failed validation; `param_of(error)` names an error's field."""
+    message, param = _validation_message(list(exc.errors()), param_of)
+    if param is None and "json" not in request.headers.get("content-type", "json"):
+        message += "; send it with 'Content-Type: application/json'"
+    return bad_request(message, param)
+
+
+@dataclass(frozen=True)
+class ErrorStyle:
+    """How a family of routes words its errors."""
+
+    response: Callable[[APIError], JSONResponse]
+    invalid: Callable[[RequestValidationError, Request], APIError] = invalid_request
+
+
+OPENAI = ErrorStyle(APIError.response)
+
+
+def install(app: FastAPI, count_failure, styles: dict[str, ErrorStyle] | None = None) -> None:
+    """Error handlers: every error a body in the style of its route (`styles` by path prefix,
+    else OpenAI's); an unexpected one a 500, logged and counted by `count_failure(exc)` (the
+    /health failure counter)."""
+
+    def style(request: Request) -> ErrorStyle:
+        path = request.url.path
+        return next((s for prefix, s in (styles or {}).items() if path.startswith(prefix)), OPENAI)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return exc.response()
+        return style(request).response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(list(exc.errors()))
-        if param is None and "json" not in request.headers.get("content-type", "json"):
-            message += "; send it with 'Content-Type: application/json'"
-        return bad_request(message, param).response()
+        words = style(request)
+        return words.response(words.invalid(exc, request))
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        error = APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return style(request).response(error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error in %s %s", request.method, request.url.path)
         count_failure(exc)
-        return APIError(500, f"internal error: {type(exc).__name__}").response()
+        return style(request).response(APIError(500, f"internal error: {type(exc).__name__}"))

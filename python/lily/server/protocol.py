@@ -18,17 +18,21 @@ from .. import params
 from ..params import INT32_MAX, MAX_STOP_STRINGS, Param
 
 
-def _checked(param: Param):
-    """An optional request field validated by `param`'s rule, with its range in the schema."""
+def _checked(param: Param, required: bool = False):
+    """A request field validated by `param`'s rule, with its range in the schema; optional
+    (null or left out) unless required."""
 
     def validate(value):
-        if value is None:
+        if value is None and not required:
             return None
         problem = param.problem(value)
         if problem:
             raise PydanticCustomError("invalid_value", "{problem}", {"problem": problem})
         return param.kind(value)
 
+    if required:
+        return Annotated[param.kind, PlainValidator(validate), WithJsonSchema({**param.json_schema(),
+                                                                                "description": param.help})]
     schema = {"anyOf": [param.json_schema(), {"type": "null"}], "description": param.help}
     return Annotated[Optional[param.kind], PlainValidator(validate), WithJsonSchema(schema)]
 
@@ -36,6 +40,7 @@ def _checked(param: Param):
 NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
 MaxTokens = _checked(params.MAX_TOKENS)
+RequiredMaxTokens = _checked(params.MAX_TOKENS, required=True)
 Temperature, TopP, TopK, MinP = map(_checked, (params.TEMPERATURE, params.TOP_P, params.TOP_K, params.MIN_P))
 PresencePenalty, FrequencyPenalty, RepetitionPenalty, Seed = map(
     _checked, (params.PRESENCE_PENALTY, params.FREQUENCY_PENALTY, params.REPETITION_PENALTY, params.SEED))

@@ -36,7 +36,7 @@ def forced_call(model, req: ChatCompletionRequest, tools: list[dict] | None, in_
     if choice in (None, "auto", "none"):
         return None
     if not tools:
-        raise bad_request("tool_choice 'required' or a named function needs tools", "tool_choice")
+        raise bad_request("tool_choice forces a tool call, which needs tools", "tool_choice")
     declared = [t["function"]["name"] for t in tools]
     for i, name in enumerate(declared):
         if name != name.strip() or ">" in name or "\n" in name:  # the call's text could not carry it
