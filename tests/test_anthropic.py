@@ -436,15 +436,21 @@ def test_metadata_and_anthropic_headers_are_accepted(http):
     assert r.status_code == 200 and r.json()["type"] == "message"
 
 
-def test_disconnect_cancels_the_stream(http, long_messages):  # noqa: F811
+def test_disconnect_cancels_streaming_and_non_streaming(http, long_messages):  # noqa: F811
+    httpx = pytest.importorskip("httpx")
     base = wait_idle(http)["requests"]
-    body = {"model": "tiny", "messages": long_messages, "temperature": 0, "max_tokens": 1000, "stream": True}
-    with http.stream("POST", "/v1/messages", json=body) as r:
+    body = {"model": "tiny", "messages": long_messages, "temperature": 0, "max_tokens": 1000}
+    with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
         for _ in zip(range(4), r.iter_lines()):
             pass
     h = wait_idle(http)["requests"]
     assert h["cancelled"] == base["cancelled"] + 1
     assert h["completion_tokens"] - base["completion_tokens"] < 1000
+    with pytest.raises(httpx.ReadTimeout):  # 2,000 tokens take the tiny model >= 0.4 s
+        http.post("/v1/messages", json={**body, "max_tokens": 2000}, timeout=0.1)
+    h = wait_idle(http)["requests"]
+    assert h["cancelled"] == base["cancelled"] + 2
+    assert h["completion_tokens"] - base["completion_tokens"] < 3000
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`lily serve`: the OpenAI-compatible HTTP server (see docs/server.md)."""
+"""`lily serve`: the OpenAI- and Anthropic-compatible HTTP server (see docs/server.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from .cli import _add_model_args
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI- and Anthropic-compatible HTTP API")
     _add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=params.PORT.parse, default=params.PORT.default,
                    help=f"{params.PORT.help} (default: {params.PORT.default})")
     p.add_argument("--api-key", default=os.environ.get("LILY_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $LILY_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (default: $LILY_API_KEY, else none)")
     p.add_argument("--model-name", default=None, help="name served in /v1/models (default: the directory name)")
     p.add_argument("--context", type=params.CONTEXT.parse, default=None, help=params.CONTEXT.help)
     p.add_argument("--cache-mb", type=params.CACHE_MB.parse, default=4096,

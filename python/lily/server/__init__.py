@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server for one lily model (needs the `serve` extra: fastapi, uvicorn).
+"""An OpenAI- and Anthropic-compatible HTTP server for one lily model (needs the `serve` extra: fastapi, uvicorn).
 
     from lily.server import create_app, ServerConfig
     app = create_app(lily.Model.load(path), ServerConfig(api_key="secret"))

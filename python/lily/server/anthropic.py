@@ -147,29 +147,30 @@ class MessagesRequest(CountTokensRequest):
 
 # ---- the equivalent chat request ---------------------------------------------------------------
 
-_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-
-
 def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     """The chat completion request that renders the same prompt and samples the same way."""
     messages = [{"role": "system", "content": _parts(body.system)}] if body.system else []
     for m in body.messages:
         messages += _user_turn(m.content) if m.role == "user" else [_assistant_turn(m.content)]
-    choice = body.tool_choice
-    if choice is not None and choice.type in ("any", "tool") and not body.tools:
-        raise bad_request(f"tool_choice {choice.type!r} forces a tool call, which needs tools", "tool_choice")
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                "parameters": t.input_schema}} for t in body.tools or []]
     return ChatCompletionRequest.model_validate({
         "model": body.model,
         "messages": messages,
         "tools": tools or None,
-        "tool_choice": None if choice is None else _TOOL_CHOICES.get(choice.type) or {
-            "type": "function", "function": {"name": choice.name}},
+        "tool_choice": _chat_tool_choice(body.tool_choice),
         "chat_template_kwargs": None if body.thinking is None else {
             "enable_thinking": body.thinking.type != "disabled"},
         **body.sampling(),
     })
+
+
+def _chat_tool_choice(choice) -> str | dict | None:
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        return {"type": "function", "function": {"name": choice.name}}
+    return "required" if choice.type == "any" else choice.type  # "auto" and "none" are the same
 
 
 def _parts(blocks: list[TextBlock]) -> list[dict]:
@@ -198,11 +199,13 @@ def _assistant_turn(blocks) -> dict:
 
 
 def messages_plan(model, body: MessagesRequest, **limits) -> Plan:
+    """What the worker runs for a Messages request (chat_plan's, with chat_plan's limits)."""
     with _fields_renamed():
         return chat_plan(model, chat_request(body), **limits)
 
 
 def count_tokens(model, body: CountTokensRequest) -> int:
+    """The prompt length of the request, as messages_plan builds the prompt."""
     with _fields_renamed():
         return len(chat_prompt(model, chat_request(body)).ids)
 
