@@ -218,7 +218,7 @@ def _fields_renamed():
         yield
     except APIError as e:
         if e.param:
-            e.param = re.sub(r"\[(\d+)\]", r".\1", e.param).replace(".function.", ".")
+            e.param = _dotted(e.param).replace(".function.", ".")
         raise
 
 
@@ -226,14 +226,18 @@ def check_unicode(raw_body) -> None:
     """A 400 naming the field whose text holds a lone surrogate (the tokenizer takes only Unicode)."""
     found = params.lone_surrogate(raw_body)
     if found:
-        where = re.sub(r"\[(\d+)\]", r".\1", found[0])
+        where = _dotted(found[0])
         raise bad_request(params.surrogate_message(where, *found[1:]), where)
+
+
+def _dotted(path: str) -> str:
+    """'messages[0].content' -> 'messages.0.content', as Anthropic names fields."""
+    return re.sub(r"\[(\d+)\]", r".\1", path)
 
 
 # ---- errors ----------------------------------------------------------------------------------
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 529: "overloaded_error"}
 
 
 def error_body(e: APIError) -> dict:
