@@ -35,8 +35,9 @@ def _read_json(path: Path) -> dict:
         raise _lily.LilyError(f"{path}: cannot read JSON ({e})") from e
 
 
-def mlx_config(config: dict, generation_config: dict | None = None) -> dict:
-    """config.json of the converted checkpoint, as mlx_lm.convert writes it.
+def mlx_config(config: dict, generation_config: dict | None = None, mtp: bool = False) -> dict:
+    """config.json of the converted checkpoint, as mlx_lm.convert writes it (with mtp, the
+    quantization block also names the MTP head's 8-bit gates).
 
     mlx_lm takes eos_token_id from generation_config.json, drops the vision config and
     ``_name_or_path``, adds the quantization block twice (``quantization`` and
@@ -52,17 +53,19 @@ def mlx_config(config: dict, generation_config: dict | None = None) -> dict:
     c.pop("_name_or_path", None)
     c.pop("vision_config", None)
     # Qwen3.5/3.6 MoE: 4-bit, with 8-bit router and shared-expert gate (lily's checkpoint table).
-    quantization = c.get("quantization") or _lily.mlx_quantization(json.dumps(config))
+    quantization = c.get("quantization") or _lily.mlx_quantization(json.dumps(config), mtp)
     c["quantization"] = c["quantization_config"] = quantization
     return dict(sorted(c.items()))
 
 
-def convert(hf_dir, out_dir, shard_bytes: int = 5 << 30) -> Path:
+def convert(hf_dir, out_dir, shard_bytes: int = 5 << 30, keep_mtp: bool = False) -> Path:
     """Converts the checkpoint in hf_dir to MLX 4-bit in out_dir (which must not hold files).
 
     Weights are loaded and quantized by lily's loader (fused or per-expert HF experts, vision
-    and MTP tensors skipped) and written in safetensors files of at most shard_bytes, with a
-    model.safetensors.index.json when there is more than one. Tokenizer files are copied.
+    tensors skipped) and written in safetensors files of at most shard_bytes, with a
+    model.safetensors.index.json when there is more than one: the files mlx_lm.convert writes,
+    without the MTP head, unless keep_mtp: then the head goes to model-mtp.safetensors (the
+    trunk's files unchanged) and the index lists every file. Tokenizer files are copied.
     Returns the output path.
     """
     src = Path(hf_dir)
@@ -78,12 +81,12 @@ def convert(hf_dir, out_dir, shard_bytes: int = 5 << 30) -> Path:
     created = not dst.exists()
     dst.mkdir(parents=True, exist_ok=True)
     try:
-        _lily.convert(str(src), str(dst), int(shard_bytes))
+        _lily.convert(str(src), str(dst), int(shard_bytes), bool(keep_mtp))
     except BaseException:
         if created:  # leave no half-written checkpoint behind
             shutil.rmtree(dst, ignore_errors=True)
         raise
-    converted = mlx_config(config, generation_config)
+    converted = mlx_config(config, generation_config, keep_mtp)
     (dst / "config.json").write_text(json.dumps(converted, indent=4) + "\n", encoding="utf-8")
     for name in _COPIED_FILES:
         if (src / name).is_file():

@@ -214,10 +214,10 @@ def config_35b(**overrides) -> dict:
 # ---- the tensors: lily's checkpoint table, values drawn from the HF parameters -----------------
 
 
-def _table(text: dict, layout: str) -> list[dict]:
+def _table(text: dict, layout: str, mtp: bool = False) -> list[dict]:
     """Every tensor `layout` stores for text_config `text` (lily's checkpoint table; see
-    ``_lily.checkpoint_tensors``), sorted by name."""
-    return _lily.checkpoint_tensors(json.dumps(text), layout)
+    ``_lily.checkpoint_tensors``; with the MTP head's when mtp), sorted by name."""
+    return _lily.checkpoint_tensors(json.dumps(text), layout, mtp)
 
 
 @dataclass(frozen=True)
@@ -347,19 +347,15 @@ def _tensor(t: dict, seed: int, random_codes: bool) -> _Tensor:
     return _Tensor(t["name"], t["dtype"], tuple(t["shape"]), chunks)
 
 
-def _tensors(text: dict, layout: str, seed: int, random_codes: bool = False) -> list[_Tensor]:
+def _tensors(text: dict, layout: str, seed: int, random_codes: bool = False, mtp: bool = False) -> list[_Tensor]:
     """Every tensor of the checkpoint, sorted by name; random_codes applies to "mlx"."""
-    return [_tensor(t, seed, random_codes) for t in _table(text, layout)]
+    return [_tensor(t, seed, random_codes) for t in _table(text, layout, mtp)]
 
 
-def _extra_tensors(c: dict, seed: int, layout: str) -> list[_Tensor]:
-    """A few MTP-head and vision-tower tensors, which text-only loaders must skip."""
-    H = c["hidden_size"]
-    skipped = _lily.skipped_prefixes(layout)
-    vision, mtp = skipped["vision"], skipped["mtp"]
-    extras = [_Param(mtp + "fc.weight", (H, 2 * H), "normal", 0.02), _Param(mtp + "norm.weight", (H,), "norm"),
-              _Param(mtp + "layers.0.input_layernorm.weight", (H,), "norm"),
-              _Param(vision + "patch_embed.proj.weight", (32, 3 * 2 * 16 * 16), "normal", 0.02),
+def _extra_tensors(seed: int, layout: str) -> list[_Tensor]:
+    """A few vision-tower tensors, which text-only loaders must skip."""
+    vision = _lily.vision_prefix(layout)
+    extras = [_Param(vision + "patch_embed.proj.weight", (32, 3 * 2 * 16 * 16), "normal", 0.02),
               _Param(vision + "blocks.0.norm1.weight", (32,), "gain")]
     return [_Tensor(p.name, "BF16", p.shape,
                     functools.partial(_float_chunks, seed, p, "BF16", range(len(_blocks(p.shape)))))
@@ -395,6 +391,7 @@ def write_checkpoint(
     shard_bytes: int | None = None,
     *,
     per_expert: bool = False,
+    mtp: bool = False,
     extra_tensors: bool = False,
     random_codes: bool | None = None,
     overwrite: bool = False,
@@ -408,7 +405,10 @@ def write_checkpoint(
     shard_bytes: split the weights into files of at most this size (default 5 GiB) with a
     model.safetensors.index.json. per_expert ("hf" only): experts as
     ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of fused 3-D tensors.
-    extra_tensors: add a few MTP and vision tensors that text-only loaders must skip.
+    mtp: also write the MTP head (MODEL.md §7) in the layout: "mtp.*" in "hf", as Qwen ships it,
+    "language_model.mtp.*" in "mlx" (quantized as the trunk's layers are); the trunk's tensors
+    are the same as without it.
+    extra_tensors: add a few vision-tower tensors that text-only loaders must skip.
     random_codes ("mlx" only): random codes instead of quantized random floats; by default
     only for models above 2^30 parameters. out_dir must not exist or be empty, unless
     overwrite: then the weight files of a checkpoint already there are deleted first (a
@@ -438,17 +438,17 @@ def write_checkpoint(
     top["text_config"] = text
 
     if layout == "hf":
-        tensors, metadata_format = _tensors(text, "hf_per_expert" if per_expert else "hf", seed), "pt"
+        tensors, metadata_format = _tensors(text, "hf_per_expert" if per_expert else "hf", seed, mtp=mtp), "pt"
         config_json = dict(sorted(top.items()))
     else:
         from lily.convert import mlx_config  # the config mlx_lm.convert would write for `top`
 
         if random_codes is None:
             random_codes = sum(math.prod(t["shape"]) for t in _table(text, "hf")) > _RANDOM_CODES_ABOVE
-        tensors, metadata_format = _tensors(text, "mlx", seed, random_codes), "mlx"
-        config_json = mlx_config(top, generation_config)
+        tensors, metadata_format = _tensors(text, "mlx", seed, random_codes, mtp), "mlx"
+        config_json = mlx_config(top, generation_config, mtp)
     if extra_tensors:
-        tensors += _extra_tensors(text, seed, layout)
+        tensors += _extra_tensors(seed, layout)
     tensors.sort(key=lambda t: t.name)
 
     # Tensors are generated while written: everything above is checked before a byte is.

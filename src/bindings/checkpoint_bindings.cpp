@@ -1,4 +1,4 @@
-// _lily.checkpoint_tensors, mlx_quantization, skipped_prefixes and write_safetensors: the
+// _lily.checkpoint_tensors, mlx_quantization, vision_prefix and write_safetensors: the
 // checkpoint name table (checkpoint_names.h) and the safetensors writer, for lily.synthetic and
 // lily.convert. Configs travel as JSON text, as config.json holds them.
 #include <nanobind/nanobind.h>
@@ -67,8 +67,8 @@ nb::dict tensor_dict(const StoredTensor& t, const std::vector<WeightEntry>& tabl
   return d;
 }
 
-nb::list checkpoint_tensors_py(const std::string& config_json, const std::string& layout) {
-  const std::vector<WeightEntry> table = weight_table(parse_config(config_json));
+nb::list checkpoint_tensors_py(const std::string& config_json, const std::string& layout, bool mtp) {
+  const std::vector<WeightEntry> table = weight_table(parse_config(config_json), mtp);
   nb::list out;
   for (const StoredTensor& t : checkpoint_tensors(table, parse_layout(layout))) out.append(tensor_dict(t, table));
   return out;
@@ -76,12 +76,12 @@ nb::list checkpoint_tensors_py(const std::string& config_json, const std::string
 
 // config.json's quantization block for the MLX layout of a config: the default spec, and each
 // quantized module whose spec differs from it, in table order (mlx_lm's block).
-nb::dict mlx_quantization(const std::string& config_json) {
+nb::dict mlx_quantization(const std::string& config_json, bool mtp) {
   const ModelConfig c = parse_config(config_json);
   const QuantSpec base = default_quant(c);
   nb::dict block = spec_dict(base);
   block["mode"] = "affine";
-  for (const WeightEntry& w : weight_table(c))
+  for (const WeightEntry& w : weight_table(c, mtp))
     for (const StoredTensor& t : stored_tensors(w, Layout::Mlx, w.quant))
       if (t.part == Part::Codes && (t.quant.bits != base.bits || t.quant.group_size != base.group_size))
         block[stored_name(Layout::Mlx, w.name).c_str()] = spec_dict(t.quant);
@@ -132,25 +132,19 @@ void write_safetensors_py(const std::string& dir, const std::vector<Header>& ten
 }  // namespace
 
 void register_checkpoint(nb::module_& m) {
-  m.def("checkpoint_tensors", &checkpoint_tensors_py, nb::arg("config_json"), nb::arg("layout"),
+  m.def("checkpoint_tensors", &checkpoint_tensors_py, nb::arg("config_json"), nb::arg("layout"), nb::arg("mtp") = false,
         "Every tensor of a checkpoint of config.json text `config_json` in `layout` ('mlx', 'hf',\n"
-        "'hf_per_expert' or 'hf_text'), sorted by name: dicts of name, dtype, shape, part ('float',\n"
+        "'hf_per_expert' or 'hf_text'; with the MTP head's when mtp), sorted by name: dicts of name, dtype, shape, part ('float',\n"
         "'codes', 'scales', 'biases'; quantized parts add module, group_size, bits), fields (what it\n"
         "fills in lily), kind,\n"
         "weight_shape, plus_one (stored as 1 + w), and where its values are in the HF layout: source,\n"
         "source_shape, expert (per-expert tensors) and rows (of each expert's block; None: all).");
-  m.def("mlx_quantization", &mlx_quantization, nb::arg("config_json"),
-        "config.json's quantization block of the MLX layout of a config (mlx_lm's).");
+  m.def("mlx_quantization", &mlx_quantization, nb::arg("config_json"), nb::arg("mtp") = false,
+        "config.json's quantization block of the MLX layout of a config (mlx_lm's; with the MTP head's\n"
+        "modules when mtp).");
   m.def(
-      "skipped_prefixes",
-      [](const std::string& layout) {
-        const SkippedPrefixes p = skipped_prefixes(parse_layout(layout));
-        nb::dict d;
-        d["vision"] = p.vision;
-        d["mtp"] = p.mtp;
-        return d;
-      },
-      nb::arg("layout"), "Where `layout` keeps the vision tower's and the MTP head's tensors, which lily skips.");
+      "vision_prefix", [](const std::string& layout) { return std::string(vision_prefix(parse_layout(layout))); },
+      nb::arg("layout"), "Where `layout` keeps the vision tower's tensors, which lily skips.");
   m.def("write_safetensors", &write_safetensors_py, nb::arg("dir"), nb::arg("tensors"), nb::arg("format"),
         nb::arg("max_shard_bytes"), nb::arg("chunks"),
         "Writes tensors [(name, dtype, shape)] into dir as model.safetensors, or as shards of at most\n"

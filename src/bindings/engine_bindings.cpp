@@ -65,8 +65,8 @@ class PyEngine {
 
   // Random weights for config.json at `config_path` (benchmarks; no checkpoint file).
   static PyEngine* random(const std::string& config_path, const std::string& device, uint64_t seed,
-                          int64_t prefill_chunk, const std::string& style) {
-    return new PyEngine([&] { return ModelWeights::random(config_path, seed, style); }, device, prefill_chunk);
+                          int64_t prefill_chunk, const std::string& style, bool mtp) {
+    return new PyEngine([&] { return ModelWeights::random(config_path, seed, style, mtp); }, device, prefill_chunk);
   }
 
   std::shared_ptr<PySession> new_session(int64_t max_context) {
@@ -118,6 +118,32 @@ class PyEngine {
   }
 
   int64_t max_verify_tokens() const { return state_->executor->max_verify_tokens(); }
+
+  // n MTP drafts after `next` (Executor::draft): [n] token ids, or with logits=True also their
+  // [n, V] logits.
+  nb::object draft(PySession& s, int32_t next, int64_t n, bool want_logits, int64_t vocab_limit) {
+    s.check_idle();
+    const size_t rows = static_cast<size_t>(std::clamp<int64_t>(n, 0, kMaxVerifyTokens));
+    const int64_t V = state_->weights->config.vocab_size;
+    std::vector<int32_t> drafts(rows);
+    std::vector<float> logits;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> busy(state_->busy);
+      if (want_logits) logits.resize(rows * V);
+      state_->executor->draft(*s.session, next, n, drafts.data(), want_logits ? logits.data() : nullptr, vocab_limit);
+    }
+    nb::object ids = nb::cast(numpy_owning(std::move(drafts), {rows}));
+    if (!want_logits) return ids;
+    return nb::make_tuple(ids, numpy_owning(std::move(logits), {rows, static_cast<size_t>(V)}));
+  }
+
+  bool use_mtp() const { return state_->executor->use_mtp; }
+  void set_use_mtp(bool on) {
+    if (on && !state_->weights->has_mtp) fail("use_mtp: the checkpoint has no MTP head");
+    std::lock_guard<std::mutex> busy(state_->busy);
+    state_->executor->use_mtp = on;
+  }
 
   void keep_verified(PySession& s, int64_t m) {
     s.check_idle();
@@ -206,6 +232,7 @@ class PyEngine {
   std::string prefill_route() const { return state_->executor->prefill_route(); }
   std::string source_layout() const { return state_->weights->source_layout; }
   size_t weight_bytes() const { return state_->weights->nbytes(); }
+  bool has_mtp() const { return state_->weights->has_mtp; }
   int64_t prefill_chunk() const { return state_->executor->prefill_chunk; }
   void set_prefill_chunk(int64_t n) {
     if (n <= 0) fail("prefill_chunk must be positive, got ", std::to_string(n));
@@ -268,7 +295,7 @@ void register_engine(nb::module_& m) {
       .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
            nb::arg("prefill_chunk") = 0)
       .def_static("random", &PyEngine::random, nb::arg("config_path"), nb::arg("device") = "auto",
-                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 0, nb::arg("style") = "plain",
+                  nb::arg("seed") = 0, nb::arg("prefill_chunk") = 0, nb::arg("style") = "plain", nb::arg("mtp") = false,
                   nb::rv_policy::take_ownership)
       .def("new_session", &PyEngine::new_session, nb::arg("max_context"))
       .def("forward", &PyEngine::forward, nb::arg("session"), nb::arg("tokens"), nb::arg("all_logits") = false)
@@ -276,6 +303,10 @@ void register_engine(nb::module_& m) {
            nb::arg("vocab_limit") = 0)
       .def_prop_ro("max_verify_tokens", [](const PyEngine& e) { return e.max_verify_tokens(); })
       .def("keep_verified", &PyEngine::keep_verified, nb::arg("session"), nb::arg("keep"))
+      .def("draft", &PyEngine::draft, nb::arg("session"), nb::arg("next"), nb::arg("n"), nb::arg("logits") = false,
+           nb::arg("vocab_limit") = 0)
+      .def_prop_ro("has_mtp", &PyEngine::has_mtp)
+      .def_prop_rw("use_mtp", &PyEngine::use_mtp, &PyEngine::set_use_mtp)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
            nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})
       .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))
@@ -305,11 +336,11 @@ void register_engine(nb::module_& m) {
   m.def("set_num_threads", &set_num_threads);
   m.def(
       "convert",
-      [](const std::string& src, const std::string& dst, int64_t max_shard_bytes) {
+      [](const std::string& src, const std::string& dst, int64_t max_shard_bytes, bool keep_mtp) {
         nb::gil_scoped_release release;
-        ModelWeights::load(src)->save_mlx(dst, max_shard_bytes);
+        ModelWeights::load(src)->save_mlx(dst, max_shard_bytes, keep_mtp);
       },
-      nb::arg("src"), nb::arg("dst"), nb::arg("max_shard_bytes") = int64_t(5) << 30);
+      nb::arg("src"), nb::arg("dst"), nb::arg("max_shard_bytes") = int64_t(5) << 30, nb::arg("keep_mtp") = false);
 }
 
 }  // namespace lily

@@ -17,9 +17,8 @@ const std::string kMlxModel = "language_model.model.", kMlxBeside = "language_mo
 const std::string kHfModel = "model.language_model.", kHfTextOnly = "model.";
 const std::string kLmHead = "lm_head";
 const std::string kMtp = "mtp.", kMlxVision = "vision_tower.", kHfVision = "model.visual.";
-// Every prefix of a tensor lily skips: the vision tower (as mlx-vlm, Qwen and a bare save name
-// it) and the MTP head at the top level or under either model prefix.
-const std::string kSkipped[] = {kMlxVision, kHfVision, "visual.", kMtp, kHfTextOnly + kMtp, kMlxBeside + kMtp};
+// Every prefix of a tensor lily skips: the vision tower (as mlx-vlm, Qwen and a bare save name it).
+const std::string kSkipped[] = {kMlxVision, kHfVision, "visual."};
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 bool ends_with(const std::string& s, const std::string& tail) {
@@ -38,9 +37,12 @@ QuantSpec mlx_spec(const ModelConfig& c, const std::string& module, const QuantS
 template <auto Member>
 auto& model_field(ModelWeights& w, int64_t) { return w.*Member; }
 template <auto Member>
-auto& layer_field(ModelWeights& w, int64_t layer) { return w.layers[layer].*Member; }
+auto& mtp_field(ModelWeights& w, int64_t) { return w.mtp.*Member; }
+LayerWeights& layer_at(ModelWeights& w, int64_t layer) { return layer == kMtpLayer ? w.mtp.layer : w.layers[layer]; }
+template <auto Member>
+auto& layer_field(ModelWeights& w, int64_t layer) { return layer_at(w, layer).*Member; }
 template <auto Block, auto Member>
-auto& block_field(ModelWeights& w, int64_t layer) { return w.layers[layer].*Block.*Member; }
+auto& block_field(ModelWeights& w, int64_t layer) { return layer_at(w, layer).*Block.*Member; }
 
 using MatrixField = QWeight& (*)(ModelWeights&, int64_t);
 using DenseField = Dense& (*)(ModelWeights&, int64_t);
@@ -57,6 +59,12 @@ class TableBuilder {
   void begin_layer(int64_t i) {
     layer_ = i;
     prefix_ = "layers." + std::to_string(i) + ".";
+  }
+  // The MTP head's tensors ("mtp."), then its decoder layer ("mtp.layers.0.").
+  void begin_mtp() { prefix_ = kMtp; }
+  void begin_mtp_layer() {
+    layer_ = kMtpLayer;
+    prefix_ = kMtp + "layers.0.";
   }
 
   void matrix(WeightKind kind, const std::string& field, const std::string& name, Shape shape, MatrixField f,
@@ -198,7 +206,7 @@ std::string dims(const Shape& shape) {
 const QWeight& WeightEntry::matrix(const ModelWeights& w) const { return matrix(const_cast<ModelWeights&>(w)); }
 const Dense& WeightEntry::dense(const ModelWeights& w) const { return dense(const_cast<ModelWeights&>(w)); }
 
-std::vector<WeightEntry> weight_table(const ModelConfig& c) {
+std::vector<WeightEntry> weight_table(const ModelConfig& c, bool with_mtp) {
   std::vector<WeightEntry> table;
   TableBuilder t(c, table);
   const Dim H = hidden(c), V{c.vocab_size, "vocab_size"};
@@ -206,14 +214,29 @@ std::vector<WeightEntry> weight_table(const ModelConfig& c) {
   if (!c.tie_word_embeddings)  // tied: lm_head is the embedding
     t.matrix(WeightKind::Linear, "lm_head", kLmHead, {V, H}, &model_field<&ModelWeights::lm_head>);
   t.dense(WeightKind::Norm, "final_norm", "norm.weight", {H}, &model_field<&ModelWeights::final_norm>);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    t.begin_layer(i);
+  auto layer_norms = [&] {
     t.dense(WeightKind::Norm, "input_norm", "input_layernorm.weight", {H}, &layer_field<&L::input_norm>);
     t.dense(WeightKind::Norm, "post_norm", "post_attention_layernorm.weight", {H}, &layer_field<&L::post_norm>);
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    t.begin_layer(i);
+    layer_norms();
     if (c.layer_kinds[i] == LayerKind::Linear) add_gdn(t, c);
     else add_attention(t, c);
     add_moe(t, c);
   }
+  if (!with_mtp) return table;
+  using Mt = MtpWeights;
+  t.begin_mtp();
+  t.matrix(WeightKind::Linear, "fc", "fc", {H, {2 * c.hidden_size, "2 * hidden_size"}}, &mtp_field<&Mt::fc>);
+  t.dense(WeightKind::Norm, "pre_fc_norm_embedding", "pre_fc_norm_embedding.weight", {H},
+          &mtp_field<&Mt::pre_fc_norm_embedding>);
+  t.dense(WeightKind::Norm, "pre_fc_norm_hidden", "pre_fc_norm_hidden.weight", {H}, &mtp_field<&Mt::pre_fc_norm_hidden>);
+  t.dense(WeightKind::Norm, "norm", "norm.weight", {H}, &mtp_field<&Mt::norm>);
+  t.begin_mtp_layer();
+  layer_norms();
+  add_attention(t, c);
+  add_moe(t, c);
   return table;
 }
 
@@ -290,7 +313,7 @@ std::vector<StoredTensor> checkpoint_tensors(const std::vector<WeightEntry>& tab
 }
 
 std::string stored_name(Layout layout, const std::string& name) {
-  const bool beside = starts_with(name, kLmHead);
+  const bool beside = starts_with(name, kLmHead) || starts_with(name, kMtp);
   if (layout == Layout::Mlx) return (beside ? kMlxBeside : kMlxModel) + name;
   return beside ? name : (layout == Layout::HfText ? kHfTextOnly : kHfModel) + name;
 }
@@ -300,15 +323,16 @@ std::string lily_name(const std::string& name, bool& is_mlx) {
     if (starts_with(name, skipped)) return "";
   std::string rest;
   if (starts_with(name, kMlxModel)) { is_mlx = true; rest = name.substr(kMlxModel.size()); }
-  else if (starts_with(name, kMlxBeside + kLmHead + ".")) { is_mlx = true; rest = name.substr(kMlxBeside.size()); }
+  else if (starts_with(name, kMlxBeside + kLmHead + ".") || starts_with(name, kMlxBeside + kMtp)) {
+    is_mlx = true;
+    rest = name.substr(kMlxBeside.size());
+  }
   else if (starts_with(name, kHfModel)) rest = name.substr(kHfModel.size());
   else if (starts_with(name, kHfTextOnly)) rest = name.substr(kHfTextOnly.size());
-  else return name;  // lm_head.*, or unknown: kept, so that it is reported as unexpected
-  return starts_with(rest, kMtp) ? "" : rest;
+  else return name;  // lm_head.*, mtp.*, or unknown: kept, so that it is reported as unexpected
+  return rest;
 }
 
-SkippedPrefixes skipped_prefixes(Layout layout) {
-  return {layout == Layout::Mlx ? kMlxVision.c_str() : kHfVision.c_str(), kMtp.c_str()};
-}
+const char* vision_prefix(Layout layout) { return layout == Layout::Mlx ? kMlxVision.c_str() : kHfVision.c_str(); }
 
 }  // namespace lily

@@ -82,8 +82,13 @@ struct WeightEntry {
   const Dense& dense(const ModelWeights& w) const;
 };
 
-// Every weight of a model of config c, in load order (lm_head only when not tied).
-std::vector<WeightEntry> weight_table(const ModelConfig& c);
+// The `layer` of the MTP head's decoder layer's entries (their names start with "mtp.").
+constexpr int64_t kMtpLayer = -2;
+inline bool is_mtp(const WeightEntry& w) { return w.name.rfind("mtp.", 0) == 0; }
+
+// Every weight of a model of config c, in load order (lm_head only when not tied); with_mtp:
+// then the MTP head's (MODEL.md §7), after the trunk's.
+std::vector<WeightEntry> weight_table(const ModelConfig& c, bool with_mtp = false);
 
 // config.json's default quantization, else 4-bit in groups of 64 (what lily quantizes floats to).
 QuantSpec default_quant(const ModelConfig& c);
@@ -116,18 +121,16 @@ std::vector<StoredTensor> stored_tensors(const WeightEntry& w, Layout layout, co
 // Every tensor of a `layout` checkpoint holding `table`, once each, sorted by name.
 std::vector<StoredTensor> checkpoint_tensors(const std::vector<WeightEntry>& table, Layout layout);
 
-// lily's name -> the layout's: the text model's tensors sit under a model prefix, lm_head beside it.
+// lily's name -> the layout's: the text model's tensors sit under a model prefix, lm_head and
+// the MTP head beside it (HF: at the top level, as Qwen ships "mtp.*").
 std::string stored_name(Layout layout, const std::string& name);
 
-// A checkpoint name -> lily's name (MLX, HF and HF text-only prefixes); "" for the tensors lily
-// skips (vision tower, MTP head); is_mlx is set when the name is in the MLX layout.
+// A checkpoint name -> lily's name (MLX, HF and HF text-only prefixes; the MTP head's "mtp."
+// wherever a layout keeps it); "" for the tensors lily skips (the vision tower); is_mlx is
+// set when the name is in the MLX layout.
 std::string lily_name(const std::string& checkpoint_name, bool& is_mlx);
 
-// Where `layout` keeps the tensors lily skips: the vision tower's and the MTP head's prefixes.
-struct SkippedPrefixes {
-  const char* vision;
-  const char* mtp;
-};
-SkippedPrefixes skipped_prefixes(Layout layout);
+// Where `layout` keeps the vision tower, whose tensors lily skips.
+const char* vision_prefix(Layout layout);
 
 }  // namespace lily

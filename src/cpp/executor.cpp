@@ -99,6 +99,24 @@ void Executor::keep_verified(Session& s, int64_t m) {
   s.verified = 0;
 }
 
+void Executor::draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits, int64_t vocab_limit) {
+  if (!weights_->has_mtp) fail("draft: the checkpoint has no MTP head");
+  if (!s.mtp) fail("draft: the session was made without the MTP head (set use_mtp before making sessions)");
+  if (n < 1 || n >= kMaxVerifyTokens)
+    fail("draft: ", std::to_string(n), " drafts asked for; a verify step takes 1 to ", std::to_string(kMaxVerifyTokens - 1));
+  if (s.position() == 0) fail("draft: the session holds no token yet (drafting continues a fed position)");
+  if (s.pending >= 0 && next != s.pending)
+    fail("draft: the session's pending token ", std::to_string(s.pending), " must be the one drafted after, not ",
+         std::to_string(next));
+  check_tokens(weights_->config, &next, 1);
+  if (vocab_limit < 0) fail("draft: vocab_limit must be >= 0, got ", std::to_string(vocab_limit));
+  draft_step(s, next, n, drafts, logits, std::min<int64_t>(vocab_limit, weights_->config.vocab_size));
+}
+
+void Executor::draft_step(Session&, int32_t, int64_t, int32_t*, float*, int64_t) {
+  fail("draft: the ", device_name(), " executor has no MTP head yet");
+}
+
 // Each step runs when queued, on the host: feed the token (forward_chunk), then sample
 // from the logits it leaves, with the history of everything fed.
 class Executor::HostSteps final : public StepQueue {

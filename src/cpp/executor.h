@@ -30,6 +30,7 @@ class Session {
   // Tokens fed by the last Executor::verify that keep_verified may still cut back; 0 once
   // anything else has touched the session.
   int64_t verified = 0;
+  bool mtp = false;  // the MTP head's cache follows every fed token (Executor::draft)
   int64_t position() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -91,6 +92,14 @@ class Executor {
   // and in *why the reason when fewer.
   virtual int64_t max_verify_tokens(std::string* why = nullptr) const { return kMaxVerifyTokens; }
 
+  // The MTP head (weights().has_mtp; MODEL.md §7). Sessions made while use_mtp is set keep
+  // the head's cache through every fed token. draft(s, next, n, ...) then drafts n tokens
+  // after `next` (the token to be fed at s's position: the pending one): each the greedy
+  // choice among ids < vocab_limit (0: all) of the head, fed back with the head's output for
+  // the next (recursive drafts), with their logits [n, V] when non-null; s is left as it was.
+  bool use_mtp = false;
+  void draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits = nullptr, int64_t vocab_limit = 0);
+
   // Snapshots: an independent copy of the session's state with room for `capacity`
   // positions (at least what s holds; a compact snapshot costs only its positions'
   // K/V), and copying one back. restore keeps dst's own max_context and refuses a
@@ -115,6 +124,8 @@ class Executor {
                            int64_t vocab_limit) = 0;
   virtual void keep_step(Session& s, int64_t n, int64_t m) = 0;
   virtual void forget_verified(Session& s) {}
+  // draft after its checks.
+  virtual void draft_step(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits, int64_t vocab_limit);
   // The decode steps generate() queues (decode_loop.h). The default runs each step when
   // queued: forward_chunk, then the host sampler on last_logits.
   virtual std::unique_ptr<StepQueue> decode_steps(Session& s, const GenerateRequest& req);

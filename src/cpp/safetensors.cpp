@@ -257,11 +257,13 @@ void write_index(const std::string& path, size_t total_size, std::vector<std::pa
 }  // namespace
 
 void write_safetensors(const std::string& dir, const std::vector<TensorHeader>& tensors, const std::string& format,
-                       int64_t max_shard_bytes, const std::function<void(size_t, const ByteSink&)>& fill) {
+                       int64_t max_shard_bytes, const std::function<void(size_t, const ByteSink&)>& fill,
+                       size_t own_from, const std::string& own_file) {
   // Shards in order: a new one whenever the next tensor would take this one past the limit.
+  const size_t sharded = std::min(own_from, tensors.size());
   std::vector<std::vector<size_t>> shards(1);
   size_t shard_bytes = 0, total = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (size_t i = 0; i < sharded; ++i) {
     const size_t n = tensors[i].nbytes();
     if (!shards.back().empty() && static_cast<int64_t>(shard_bytes + n) > max_shard_bytes) {
       shards.emplace_back();
@@ -271,18 +273,29 @@ void write_safetensors(const std::string& dir, const std::vector<TensorHeader>& 
     shard_bytes += n;
     total += n;
   }
-  fs::create_directories(dir);
-  std::vector<std::pair<std::string, std::string>> weight_map;
+  std::vector<std::string> files;
   for (size_t s = 0; s < shards.size(); ++s) {
     char name[64];
     std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+    files.push_back(shards.size() == 1 ? "model.safetensors" : name);
+  }
+  if (sharded < tensors.size()) {
+    shards.emplace_back();
+    for (size_t i = sharded; i < tensors.size(); ++i) {
+      shards.back().push_back(i);
+      total += tensors[i].nbytes();
+    }
+    files.push_back(own_file);
+  }
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (size_t s = 0; s < shards.size(); ++s) {
     std::vector<const TensorHeader*> in_file;
     for (size_t i : shards[s]) {
       in_file.push_back(&tensors[i]);
-      weight_map.emplace_back(tensors[i].name, file);
+      weight_map.emplace_back(tensors[i].name, files[s]);
     }
-    write_file((fs::path(dir) / file).string(), in_file, shards[s], format, fill);
+    write_file((fs::path(dir) / files[s]).string(), in_file, shards[s], format, fill);
   }
   if (shards.size() > 1) write_index((fs::path(dir) / "model.safetensors.index.json").string(), total, weight_map);
 }

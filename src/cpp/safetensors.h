@@ -76,7 +76,10 @@ using ByteSink = std::function<void(const void* data, size_t size)>;
 // tensor larger than that alone) with model.safetensors.index.json. fill(i, sink) gives sink
 // tensor i's bytes in pieces of any size, so a checkpoint may be produced while it is written;
 // too few or too many bytes is an error. `format` is the header's __metadata__ format ("mlx", "pt").
+// Tensors [own_from, end) go to a file of their own, `own_file`, after the shards of the rest
+// (which are then exactly what they would be without them), and the index lists every file.
 void write_safetensors(const std::string& dir, const std::vector<TensorHeader>& tensors, const std::string& format,
-                       int64_t max_shard_bytes, const std::function<void(size_t index, const ByteSink& sink)>& fill);
+                       int64_t max_shard_bytes, const std::function<void(size_t index, const ByteSink& sink)>& fill,
+                       size_t own_from = SIZE_MAX, const std::string& own_file = "");
 
 }  // namespace lily

@@ -72,7 +72,10 @@ class Loader {
 
   void load() {
     const ModelConfig& c = w_.config;
-    const std::vector<WeightEntry> table = weight_table(c);
+    // A checkpoint with any tensor of the MTP head carries all of it (each missing one is named).
+    w_.has_mtp = std::any_of(by_canon_.begin(), by_canon_.end(), [](const auto& t) { return t.first.rfind("mtp.", 0) == 0; });
+    w_.mtp.layer.kind = LayerKind::Full;
+    const std::vector<WeightEntry> table = weight_table(c, w_.has_mtp);
     // mlx-lm's rule: norms are zero-centred (need +1) exactly when conv1d is in the raw
     // HF layout [C, 1, K] (last dim != 1); an MLX-sanitized checkpoint has [C, K, 1].
     for (const WeightEntry& e : table)
@@ -333,14 +336,16 @@ std::shared_ptr<ModelWeights> ModelWeights::load(const std::string& dir) {
 
 size_t ModelWeights::nbytes() const {
   size_t n = 0;
-  for (const WeightEntry& e : weight_table(config))
+  for (const WeightEntry& e : weight_table(config, has_mtp))
     if (is_matrix(e.kind)) n += e.matrix(*this).nbytes();
   return n;
 }
 
-void ModelWeights::save_mlx(const std::string& out_dir, int64_t max_shard_bytes) const {
+void ModelWeights::save_mlx(const std::string& out_dir, int64_t max_shard_bytes, bool keep_mtp) const {
+  if (keep_mtp && !has_mtp)
+    fail(checkpoint ? checkpoint->dir() : std::string("these weights"), ": no MTP head (mtp.* tensors) to keep");
   std::vector<OutTensor> out;
-  for (const WeightEntry& e : weight_table(config)) {
+  for (const WeightEntry& e : weight_table(config, keep_mtp)) {
     if (!is_matrix(e.kind)) {
       out.push_back(dense_tensor(stored_tensors(e, Layout::Mlx, e.quant)[0].name, e.dense(*this)));
       continue;
@@ -349,12 +354,17 @@ void ModelWeights::save_mlx(const std::string& out_dir, int64_t max_shard_bytes)
     for (const StoredTensor& t : stored_tensors(e, Layout::Mlx, QuantSpec{q.group_size, q.bits}))
       out.push_back(quantized_part(t, q));
   }
-  std::sort(out.begin(), out.end(),
-            [](const OutTensor& a, const OutTensor& b) { return a.header.name < b.header.name; });
+  // By name, the MTP head's last (in a file of its own).
+  auto mtp_tensor = [](const OutTensor& t) { return t.header.name.find(".mtp.") != std::string::npos; };
+  std::sort(out.begin(), out.end(), [&](const OutTensor& a, const OutTensor& b) {
+    return std::make_pair(mtp_tensor(a), a.header.name) < std::make_pair(mtp_tensor(b), b.header.name);
+  });
   std::vector<TensorHeader> headers;
   for (const OutTensor& t : out) headers.push_back(t.header);
+  const size_t trunk = std::count_if(out.begin(), out.end(), [&](const OutTensor& t) { return !mtp_tensor(t); });
   write_safetensors(out_dir, headers, "mlx", max_shard_bytes,
-                    [&](size_t i, const ByteSink& sink) { sink(out[i].data, out[i].header.nbytes()); });
+                    [&](size_t i, const ByteSink& sink) { sink(out[i].data, out[i].header.nbytes()); }, trunk,
+                    "model-mtp.safetensors");
 }
 
 }  // namespace lily

@@ -76,6 +76,16 @@ struct LayerWeights {
   MoeWeights moe;
 };
 
+// The multi-token-prediction head (MODEL.md §7), when a checkpoint carries one: it drafts
+// the token after next from the trunk's normed hidden state and the next token's embedding.
+struct MtpWeights {
+  QWeight fc;                   // [H, 2H]: the embedding half of the input first
+  Dense pre_fc_norm_embedding;  // [H], 1 + w
+  Dense pre_fc_norm_hidden;     // [H], 1 + w
+  Dense norm;                   // [H], 1 + w: before the trunk's lm_head
+  LayerWeights layer;           // a full-attention decoder layer with its MoE block
+};
+
 struct ModelWeights {
   ModelConfig config;
   std::string source_layout;  // "mlx", "hf", "random" or "random (conditioned)"
@@ -83,6 +93,8 @@ struct ModelWeights {
   QWeight lm_head;            // [V, H]; the embedding when tie_word_embeddings
   Dense final_norm;           // [H], 1 + w
   std::vector<LayerWeights> layers;
+  bool has_mtp = false;  // the checkpoint's MTP head is loaded into mtp
+  MtpWeights mtp;
 
   // Loads config.json and the safetensors of `dir`; every tensor is checked and every
   // unconsumed tensor is an error. Float weights are quantized in the spec config.json's
@@ -94,11 +106,14 @@ struct ModelWeights {
   // config_path is a config.json; the weights come from `seed` alone.
   // style "plain" gives every matrix spread 1/sqrt(fan_in); "conditioned" shapes them like
   // a trained model's (confident router, depth-scaled residual branches: weights_random.cpp).
+  // with_mtp: an MTP head too (drawn after the trunk, whose weights it leaves unchanged).
   static std::shared_ptr<ModelWeights> random(const std::string& config_path, uint64_t seed,
-                                              const std::string& style = "plain");
+                                              const std::string& style = "plain", bool with_mtp = false);
 
-  // Writes the weights as an MLX affine checkpoint (the tensors mlx_lm.convert writes).
-  void save_mlx(const std::string& out_dir, int64_t max_shard_bytes) const;
+  // Writes the weights as an MLX affine checkpoint (the tensors mlx_lm.convert writes); with
+  // keep_mtp the MTP head too, in a file of its own (model-mtp.safetensors), so the trunk's
+  // files are what they would be without it.
+  void save_mlx(const std::string& out_dir, int64_t max_shard_bytes, bool keep_mtp = false) const;
 
   size_t nbytes() const;
 

@@ -62,8 +62,9 @@ class RandomWeights {
     const ModelConfig& c = w_.config;
     w_.layers.resize(c.num_hidden_layers);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) w_.layers[i].kind = c.layer_kinds[i];
+    w_.mtp.layer.kind = LayerKind::Full;
     // Each weight draws its streams in table order, so the weights depend on the seed alone.
-    for (const WeightEntry& e : weight_table(c)) {
+    for (const WeightEntry& e : weight_table(c, w_.has_mtp)) {
       if (is_matrix(e.kind)) e.matrix(w_) = linear(e);
       else e.dense(w_) = dense(e);
     }
@@ -188,12 +189,13 @@ class RandomWeights {
 }  // namespace
 
 std::shared_ptr<ModelWeights> ModelWeights::random(const std::string& config_path, uint64_t seed,
-                                                   const std::string& style) {
+                                                   const std::string& style, bool with_mtp) {
   if (style != "plain" && style != "conditioned")
     fail("random weights: style must be 'plain' or 'conditioned', got '", style, "'");
   auto w = std::make_shared<ModelWeights>();
   w->config = ModelConfig::from_file(config_path);
   w->source_layout = style == "plain" ? "random" : "random (conditioned)";
+  w->has_mtp = with_mtp;
   RandomWeights(*w, seed, style == "conditioned").build();
   return w;
 }

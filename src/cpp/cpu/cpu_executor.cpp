@@ -24,12 +24,16 @@ class CpuSession : public Session {
     cpu::KvCache kv;    // full-attention layers
   };
   std::vector<Layer> layers;
-  // After a verify of n tokens: the GDN states, expert counts and logits after each of its
-  // first n - 1 tokens (keep_verified restores one).
+  // With the MTP head (Session::mtp): its cache holds a row for every fed position but the
+  // last, whose normed trunk state waits in mtp_hidden [H] for the token after it.
+  cpu::KvCache mtp_kv;
+  std::vector<float> mtp_hidden;
+  // After a verify of n tokens: the GDN states, expert counts, logits and MTP state after each
+  // of its first n - 1 tokens (keep_verified restores one).
   struct Verified {
     std::vector<cpu::GdnState> gdn;  // per layer (empty for attention layers)
     std::vector<int64_t> expert_load;
-    std::vector<float> logits;
+    std::vector<float> logits, mtp_hidden;
   };
   std::vector<Verified> verified_rows;
 };
@@ -53,6 +57,8 @@ class CpuExecutor : public Executor {
     const ModelConfig& c = weights_->config;
     auto s = std::make_unique<CpuSession>();
     s->max_context = max_context;
+    if (use_mtp && !weights_->has_mtp) fail("new_session: use_mtp is set, but the checkpoint has no MTP head");
+    s->mtp = use_mtp;
     s->layers.resize(c.num_hidden_layers);
     s->expert_load.assign(c.num_hidden_layers * c.num_experts, 0);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -106,14 +112,55 @@ class CpuExecutor : public Executor {
       add(h, mix, T * H);
     }
 
-    if (all_logits) {
+    if (all_logits || s.mtp) {
       cpu::rmsnorm({h, T, H, w.final_norm.values.data(), eps, x});
+      if (s.mtp) mtp_follow(s, tokens, T, x);
+    }
+    if (all_logits) {
       cpu::qmatmul({x, T, w.lm_head, all_logits});
       std::copy_n(all_logits + (T - 1) * V, V, last_logits);
     } else {  // only the last position's logits are needed
-      cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
+      if (s.mtp && T > 1) std::copy_n(x + (T - 1) * H, H, x);  // the last row, normed above
+      else cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
       cpu::qmatmul({x, 1, w.lm_head, last_logits});
     }
+  }
+
+  // The MTP head's cache rows for a chunk at positions pos0..pos0+T-1 whose normed trunk
+  // states are x [T, H]: row p - 1 pairs the state at p - 1 with the token at p.
+  void mtp_follow(CpuSession& s, const int32_t* tokens, int64_t T, const float* x) {
+    const int64_t H = weights_->config.hidden_size, pos0 = s.position(), skip = pos0 == 0 ? 1 : 0;
+    mtp_in_.resize(T * H);
+    if (!skip) std::copy_n(s.mtp_hidden.data(), H, mtp_in_.data());
+    std::copy_n(x, (T - 1) * H, mtp_in_.data() + (1 - skip) * H);
+    cpu::mtp_head(*weights_, mtp_in_.data(), tokens + skip, T - skip, pos0 - 1 + skip, s.mtp_kv, mtp_buf_, nullptr);
+    s.mtp_hidden.assign(x + (T - 1) * H, x + T * H);
+  }
+
+  // Draft i + 1 comes from the head's row at position P - 1 + i (P = s.position()) on the
+  // previous row's output (the trunk's state for the first) and draft i (next for the
+  // first); the rows' cache entries are dropped afterwards.
+  void draft_step(Session& session, int32_t next, int64_t n, int32_t* drafts, float* logits,
+                  int64_t vocab_limit) override {
+    CpuSession& s = as_cpu(session, "draft");
+    const ModelWeights& w = *weights_;
+    const int64_t H = w.config.hidden_size, V = w.config.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V;
+    const size_t cached = s.mtp_kv.k.size();
+    std::lock_guard<std::mutex> lock(mu_);
+    mtp_in_ = s.mtp_hidden;
+    mtp_out_.resize(H);
+    row_logits_.resize(V);
+    int32_t token = next;
+    for (int64_t i = 0; i < n; ++i) {
+      cpu::mtp_head(w, mtp_in_.data(), &token, 1, s.position() - 1 + i, s.mtp_kv, mtp_buf_, mtp_out_.data());
+      cpu::qmatmul({mtp_out_.data(), 1, w.lm_head, row_logits_.data()});
+      if (logits) std::copy_n(row_logits_.data(), V, logits + i * V);
+      token = drafts[i] = static_cast<int32_t>(std::max_element(row_logits_.begin(), row_logits_.begin() + limit) -
+                                               row_logits_.begin());
+      mtp_in_ = mtp_out_;
+    }
+    s.mtp_kv.k.resize(cached);
+    s.mtp_kv.v.resize(cached);
   }
 
   // One token at a time (each row is then exactly a single-token step), keeping what
@@ -139,6 +186,7 @@ class CpuExecutor : public Executor {
         if (c.layer_kinds[l] == LayerKind::Linear) row.gdn[l] = s.layers[l].gdn;
       row.expert_load = s.expert_load;
       row.logits = s.last_logits;
+      row.mtp_hidden = s.mtp_hidden;
     }
   }
 
@@ -158,6 +206,12 @@ class CpuExecutor : public Executor {
       }
       s.expert_load = std::move(row.expert_load);
       s.last_logits = std::move(row.logits);
+      if (s.mtp) {  // the head's cache: a row for every kept position but the last
+        const int64_t mtp_floats = (s.position() - (n - m) - 1) * c.num_key_value_heads * c.head_dim;
+        s.mtp_kv.k.resize(mtp_floats);
+        s.mtp_kv.v.resize(mtp_floats);
+        s.mtp_hidden = std::move(row.mtp_hidden);
+      }
     }
     s.verified_rows.clear();
   }
@@ -171,6 +225,8 @@ class CpuExecutor : public Executor {
 
   std::mutex mu_;
   std::vector<float> h_, x_, mix_;  // [T, H]: residual stream, normed input, block output
+  std::vector<float> mtp_in_, mtp_out_, row_logits_;  // the MTP head's inputs, output, a draft's logits
+  cpu::MtpBuffers mtp_buf_;
   cpu::GdnBuffers gdn_buf_;
   cpu::AttnBuffers attn_buf_;
   cpu::MoeBuffers moe_buf_;

@@ -54,4 +54,20 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
 void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out,
                int64_t* expert_load = nullptr);
 
+struct MtpBuffers {
+  std::vector<float> e, cat, u, x, mix;
+  AttnBuffers attn;
+  MoeBuffers moe;
+};
+
+// The MTP head (MODEL.md §7) over R rows at positions pos0..pos0+R-1: row r takes the trunk's
+// hidden state after its final norm at pos0 + r and the token at pos0 + r + 1,
+//   u = fc([rmsnorm(embed(next), pre_fc_norm_embedding), rmsnorm(hidden, pre_fc_norm_hidden)])
+// then one full-attention decoder layer on u. The rows' K/V join the head's cache, which
+// must hold exactly pos0 positions. With out non-null, the layer is finished (the MoE
+// block) and out [R, H] = rmsnorm(u, mtp.norm), which lm_head turns into logits for the
+// token after next; without, only the cache is filled (a prompt's rows).
+void mtp_head(const ModelWeights& w, const float* hidden, const int32_t* next, int64_t R, int64_t pos0, KvCache& cache,
+              MtpBuffers& buf, float* out);
+
 }  // namespace lily::cpu
