@@ -34,6 +34,18 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     stop_string: str | None = None  # the stop string that ended the text, if one did
+    draft_tokens: int = 0     # speculative decoding: drafts the head proposed
+    accepted_tokens: int = 0  # and how many of them the model's own choices confirmed
+    rounds: int = 0           # verify steps
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Accepted / drafted (None without speculative decoding)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return (len(self.token_ids) - 1) / self.rounds if self.rounds else None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -82,17 +94,23 @@ class Model:
         *,
         prefill_chunk: int = 0,
         revision: str | None = None,
+        mtp: bool = False,
     ) -> "Model":
         """Loads a local checkpoint directory, a built-in name or a Hub repo id.
 
         device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
         prefill_chunk: tokens per prefill chunk (0: the device's default, 512 on CPU and
         4096 on CUDA); memory for activations grows with it, never with the prompt.
+        mtp: run the checkpoint's MTP head beside every session (its cache follows each fed
+        token), which ``generate(speculative="mtp")`` needs.
         """
         _check_device(device)
         prefill_chunk = params.PREFILL_CHUNK.check(prefill_chunk)
+        if not isinstance(mtp, bool):
+            raise LilyError(f"mtp must be True or False, got {mtp!r}")
         directory = hub.resolve(path_or_repo, revision)
         engine = _lily.Engine(str(directory), device, prefill_chunk)
+        engine.use_mtp = mtp
         tokenizer = Tokenizer(directory) if (directory / "tokenizer.json").exists() else None
         return cls(engine, directory, tokenizer)
 
@@ -309,6 +327,8 @@ class Session:
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         stream: bool = False,
+        speculative: str | None = None,
+        draft_tokens: int = 3,
     ) -> GenerationResult | Iterator[Piece]:
         """Continues the conversation: feeds the prompt (if any) and generates.
 
@@ -318,7 +338,13 @@ class Session:
         its `result` attribute holds the GenerationResult once the iterator is exhausted. A
         stream generates at most STREAM_READ_AHEAD tokens ahead of its reader and pauses
         there, leaving the model free; it resumes, with the same tokens, when read again.
+        speculative="mtp": greedy speculative decoding with the checkpoint's MTP head (a model
+        loaded with mtp=True), draft_tokens (1-3) a round; the tokens are exactly plain greedy
+        decoding's, and the result reports draft_acceptance and tokens_per_round.
         """
+        if speculative not in (None, "mtp"):
+            raise LilyError(f"speculative must be None or 'mtp', got {speculative!r}")
+        drafts = params.DRAFT_TOKENS.check(draft_tokens) if speculative else 0
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -345,7 +371,7 @@ class Session:
         stop_ids = ([] if ignore_eos else list(self.model.eos_token_ids)) + extra_stop_ids
 
         self.close_stream()
-        run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops)
+        run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops, drafts)
         self._stream = weakref.ref(run)
         return run if stream else run.collect()
 
@@ -359,7 +385,7 @@ class _Run:
     An exception inside the iteration (Ctrl-C included) cancels the generation.
     """
 
-    def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops):
+    def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops, draft_tokens):
         self.session = session
         self.result: GenerationResult | None = None
         engine = session.model._engine
@@ -368,7 +394,7 @@ class _Run:
             engine.forward(session._handle, _as_tokens(ids), False)
         self._prompt_tokens = len(ids)
         self._stream = engine.generate(session._handle, max_tokens, params, stop_ids,
-                                       [s.encode("utf-8") for s in stops])
+                                       [s.encode("utf-8") for s in stops], draft_tokens)
         tok = session.model.tokenizer
         self._decoder = StreamDecoder(tok) if tok is not None else None
         self._stop_ids = set(stop_ids)
@@ -450,6 +476,7 @@ class _Run:
             decode_seconds=self._stream.decode_seconds,
             stop_string=self._matched,
         )
+        self.result.rounds, self.result.draft_tokens, self.result.accepted_tokens = self._stream.speculation
 
     def collect(self) -> GenerationResult:
         for _ in self:

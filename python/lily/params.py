@@ -104,6 +104,7 @@ SEED = Param("seed", int, 0, UINT64_MAX, "makes sampling reproducible (default: 
 SAMPLING = (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, PRESENCE_PENALTY,
             FREQUENCY_PENALTY, SEED)
 MAX_STOP_STRINGS = 16
+DRAFT_TOKENS = Param("draft_tokens", int, 1, 3, "MTP drafts a speculative round (a verify step feeds 1 + drafts)", 3)
 
 # Loading: Model.load / Model.random, and the flags that reach them.
 PREFILL_CHUNK = Param("prefill_chunk", int, 0, INT32_MAX,

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/tuple.h>
 
 #include <algorithm>
 #include <mutex>
@@ -153,8 +154,10 @@ class PyEngine {
   }
 
   std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
-                                        std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings) {
+                                        std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings,
+                                        int64_t draft_tokens) {
     if (max_tokens < 0) fail("max_tokens must be >= 0, got ", std::to_string(max_tokens));
+    if (draft_tokens < 0) fail("draft_tokens must be >= 0, got ", std::to_string(draft_tokens));
     Sampler check(p);  // validates the parameters before the thread starts
     std::vector<std::string> stops;
     for (const nb::bytes& b : stop_strings) {
@@ -163,6 +166,7 @@ class PyEngine {
     }
     if (!stops.empty() && !token_bytes_) fail("stop strings need the tokenizer's token bytes (set_token_bytes)");
     GenerateRequest req{max_tokens, p, std::move(stop_ids)};
+    req.draft_tokens = draft_tokens;
     // Dropped by Python with the GIL held: the deleter releases it while the worker stops.
     return std::shared_ptr<TokenStream>(
         new TokenStream(std::move(s), std::move(req), StopStringMatcher(token_bytes_, std::move(stops))),
@@ -289,7 +293,8 @@ void register_engine(nb::module_& m) {
       .def_prop_ro("n_tokens", &TokenStream::n_tokens)
       .def_prop_ro("tokens", &TokenStream::tokens)
       .def_prop_ro("first_token_seconds", &TokenStream::first_token_seconds)
-      .def_prop_ro("decode_seconds", &TokenStream::decode_seconds);
+      .def_prop_ro("decode_seconds", &TokenStream::decode_seconds)
+      .def_prop_ro("speculation", &TokenStream::speculation);
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, const std::string&, int64_t>(), nb::arg("path"), nb::arg("device") = "auto",
@@ -308,7 +313,7 @@ void register_engine(nb::module_& m) {
       .def_prop_ro("has_mtp", &PyEngine::has_mtp)
       .def_prop_rw("use_mtp", &PyEngine::use_mtp, &PyEngine::set_use_mtp)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
-           nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{})
+           nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{}, nb::arg("draft_tokens") = 0)
       .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))
       .def("clone", &PyEngine::clone, nb::arg("session"), nb::arg("capacity") = 0)
       .def("restore", &PyEngine::restore)

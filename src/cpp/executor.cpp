@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "decode_loop.h"
+#include "speculative_loop.h"
 #include "error.h"
 
 namespace lily {
@@ -169,6 +170,7 @@ GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const 
     }
     return r;
   }
+  if (req.draft_tokens > 0) return speculative_loop(*this, s, req, on_token);
   const std::unique_ptr<StepQueue> steps = decode_steps(s, req);
   return decode_loop(s, req, *steps, on_token);
 }

@@ -45,11 +45,14 @@ struct GenerateRequest {
   // last generated_before tokens of the session are its output, so the output penalties
   // count them and the random stream continues after them.
   int64_t generated_before = 0;
+  // Speculative decoding with the MTP head (speculative_loop.h): drafts a round, 0: off.
+  int64_t draft_tokens = 0;
 };
 
 struct GenerateResult {
   int64_t n_tokens = 0;
   std::string finish_reason;  // "stop" (stop id), "length" (max_tokens or context), "cancelled"
+  int64_t rounds = 0, drafted = 0, accepted = 0;  // speculative decoding's verify steps and drafts
 };
 
 // Receives each token as soon as it is known; returning false cancels generation, unless

@@ -73,6 +73,10 @@ std::string TokenStream::finish_reason() const {
   std::lock_guard<std::mutex> lk(mu_);
   return finish_reason_;
 }
+std::tuple<int64_t, int64_t, int64_t> TokenStream::speculation() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {rounds_, drafted_, accepted_};
+}
 int64_t TokenStream::n_tokens() const {
   std::lock_guard<std::mutex> lk(mu_);
   return static_cast<int64_t>(generated_.size());
@@ -138,6 +142,9 @@ void TokenStream::run(GenerateRequest req) {
       const GenerateResult r =
           session_->engine->executor->generate(*session_->session, req, [this](int32_t tok) { return accept(tok); });
       std::lock_guard<std::mutex> lk(mu_);
+      rounds_ += r.rounds;
+      drafted_ += r.drafted;
+      accepted_ += r.accepted;
       if (stopped_by_string_) reason = "stop";
       else if (!paused_ || r.finish_reason != "cancelled") reason = r.finish_reason;
     }

@@ -1,0 +1,67 @@
+#include "speculative_loop.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace lily {
+
+GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
+  const SamplingParams& p = req.sampling;
+  if (!p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    fail("generate: speculative decoding takes greedy decoding without penalties (temperature 0, repetition_penalty 1, "
+         "presence_penalty and frequency_penalty 0)");
+  std::string why;
+  const int64_t most = e.max_verify_tokens(&why);
+  if (req.draft_tokens >= most)
+    fail("generate: ", std::to_string(req.draft_tokens), " drafts a round do not fit a verify step of ",
+         std::to_string(most), " tokens", why.empty() ? "" : " (" + why + ")");
+  if (!s.mtp) fail("generate: speculative decoding needs a session made with the MTP head (use_mtp)");
+  const int64_t V = e.weights().config.vocab_size, limit = p.vocab_limit > 0 ? std::min(p.vocab_limit, V) : V;
+
+  GenerateResult r;
+  // Hands out the next token, the session then holding `position` tokens with it pending;
+  // false when generation ends there (r.finish_reason says why).
+  auto emit = [&](int32_t tok, int64_t position) {
+    ++r.n_tokens;
+    const bool keep_going = on_token(tok);
+    const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
+    const bool length = r.n_tokens == req.max_tokens || position + 1 >= s.max_context;
+    if (!stop && !length && keep_going) return true;
+    r.finish_reason = stop ? "stop" : length ? "length" : "cancelled";  // natural ends win over a cancel
+    return false;
+  };
+
+  if (s.pending < 0) {  // the first choice, from the logits a prompt left
+    s.pending = static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
+                                     s.last_logits.begin());
+    if (!emit(s.pending, s.position())) return r;
+  }
+  for (;;) {
+    // Drafts: as many as wanted, within max_tokens and the context (the last choice stays pending).
+    const int64_t base = s.position();
+    const int64_t d = std::max<int64_t>(
+        0, std::min({req.draft_tokens, req.max_tokens - r.n_tokens - 1, s.max_context - 2 - base}));
+    int32_t step[kMaxVerifyTokens], choice[kMaxVerifyTokens];
+    step[0] = s.pending;
+    if (d > 0) e.draft(s, s.pending, d, step + 1, nullptr, limit);
+    e.verify(s, step, d + 1, nullptr, choice, limit);
+    int64_t accepted = 0;
+    while (accepted < d && step[accepted + 1] == choice[accepted]) ++accepted;
+    ++r.rounds;
+    r.drafted += d;
+    r.accepted += accepted;
+    // The accepted drafts are the model's own choices: choice[0 .. accepted] in order.
+    int64_t kept = 0;
+    bool more = true;
+    while (more && kept <= accepted) {
+      ++kept;
+      more = emit(choice[kept - 1], base + kept);
+    }
+    e.keep_verified(s, kept);
+    s.pending = choice[kept - 1];
+    if (!more) return r;
+  }
+}
+
+}  // namespace lily

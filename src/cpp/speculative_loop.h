@@ -1,0 +1,16 @@
+// Greedy speculative decoding with the checkpoint's MTP head, for every executor that drafts
+// and verifies (Executor::draft, Executor::verify).
+#pragma once
+#include "executor.h"
+
+namespace lily {
+
+// Each round drafts up to req.draft_tokens tokens after the pending one, feeds the pending
+// token and the drafts as one verify step and keeps the longest run of drafts equal to the
+// model's own greedy choices, plus its next choice. A verify row is bit-identical to a
+// one-token step, so the tokens are exactly plain greedy decoding's however good the drafts;
+// stop ids, max_tokens, the context's end and on_token's cancel end it where the plain loop
+// would, with the session left as after that token. Greedy without penalties only.
+GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token);
+
+}  // namespace lily

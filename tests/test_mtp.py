@@ -1,0 +1,264 @@
+"""The MTP head (MODEL.md §7) on the CPU executor: its weights in both layouts and through
+`lily convert --keep-mtp`, its drafts against the numpy reference of tests/reference/model.py,
+its cache through prompts, chunks, verify and keep, and bad calls refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from lily import _lily, synthetic
+from lily.convert import convert
+from lily.speculative import greedy_round
+from reference.model import ReferenceModel
+
+SEED = 11
+PROMPT = np.array([3, 17, 250, 9, 41, 5, 77, 120, 8, 64, 33, 2], np.int32)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    return {layout: synthetic.write_checkpoint(root / layout, layout=layout, seed=SEED, mtp=True)
+            for layout in ("mlx", "hf")}
+
+
+def engine(path, mtp=True):
+    e = _lily.Engine(str(path), device="cpu")
+    e.use_mtp = mtp
+    return e
+
+
+def fed(e, tokens, chunk=0):
+    """A session holding tokens (fed in chunks of `chunk`; 0: at once) and its last logits."""
+    s = e.new_session(128)
+    step = chunk or len(tokens)
+    for i in range(0, len(tokens), step):
+        logits = e.forward(s, tokens[i:i + step])
+    return s, logits
+
+
+def rel_err(got, want):
+    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
+
+
+def test_drafts_match_the_reference(ckpt):
+    e = engine(ckpt["mlx"])
+    s, last = fed(e, PROMPT)
+    nxt = int(np.argmax(last))
+    drafts, logits = e.draft(s, nxt, 3, logits=True)
+
+    ref = ReferenceModel(ckpt["mlx"])
+    hidden = ref.hidden(PROMPT)
+    c = ref.c
+    empty = np.zeros((0, c["num_key_value_heads"], c["head_dim"]), np.float32)
+    _, cache = ref.mtp(hidden[:-1], PROMPT[1:], (empty, empty))  # the prompt's rows, shifted left
+    x, token = hidden[-1:], nxt
+    for i in range(3):
+        x, cache = ref.mtp(x, np.array([token]), cache)  # recursive: the head's own normed output
+        want = ref.logits(x)[0]
+        assert rel_err(logits[i], want) < 1e-4, i
+        assert drafts[i] == np.argmax(want), i
+        token = int(drafts[i])
+
+
+def test_both_layouts_and_keep_mtp_convert_give_the_same_head(ckpt, tmp_path):
+    tokens = PROMPT[:8]
+    results = []
+    out = convert(ckpt["hf"], tmp_path / "kept", keep_mtp=True)
+    plain = convert(ckpt["hf"], tmp_path / "plain")
+    for path in (ckpt["mlx"], ckpt["hf"], out):
+        e = engine(path)
+        s, last = fed(e, tokens)
+        results.append(e.draft(s, int(np.argmax(last)), 3, logits=True))
+    for drafts, logits in results[1:]:
+        np.testing.assert_array_equal(drafts, results[0][0])
+        np.testing.assert_array_equal(logits, results[0][1])
+    # The trunk's file is byte for byte what a conversion without the head writes.
+    assert (out / "model.safetensors").read_bytes() == (plain / "model.safetensors").read_bytes()
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {f for n, f in index.items() if ".mtp." in n} == {"model-mtp.safetensors"}
+    assert not _lily.Engine(str(plain), device="cpu").has_mtp
+
+
+def test_drafting_leaves_the_session_as_it_was(ckpt):
+    e = engine(ckpt["mlx"])
+    s, last = fed(e, PROMPT)
+    nxt = int(np.argmax(last))
+    first = e.draft(s, nxt, 3, logits=True)
+    second = e.draft(s, nxt, 3, logits=True)
+    np.testing.assert_array_equal(first[1], second[1])
+    after = e.forward(s, np.array([nxt], np.int32))
+    t, _ = fed(e, PROMPT)
+    np.testing.assert_array_equal(after, e.forward(t, np.array([nxt], np.int32)))
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_the_head_follows_any_chunking(ckpt, chunk):
+    e = engine(ckpt["mlx"])
+    s, last = fed(e, PROMPT)
+    t, _ = fed(e, PROMPT, chunk)
+    nxt = int(np.argmax(last))
+    np.testing.assert_array_equal(e.draft(s, nxt, 3, logits=True)[1], e.draft(t, nxt, 3, logits=True)[1])
+
+
+@pytest.mark.parametrize("keep", [1, 2, 4])
+def test_keep_verified_leaves_the_head_as_feeding_only_those(ckpt, keep):
+    e = engine(ckpt["mlx"])
+    s, last = fed(e, PROMPT)
+    step = np.array([int(np.argmax(last)), 7, 99, 3], np.int32)
+    choice = e.verify(s, step, logits=False)
+    e.keep_verified(s, keep)
+    t, _ = fed(e, np.concatenate([PROMPT, step[:keep]]))
+    nxt = int(choice[keep - 1])
+    np.testing.assert_array_equal(e.draft(s, nxt, 3, logits=True)[1], e.draft(t, nxt, 3, logits=True)[1])
+
+
+def test_speculation_with_the_head_is_plain_greedy(ckpt):
+    e = engine(ckpt["mlx"])
+    n = 60
+    s, last = fed(e, PROMPT)
+    plain = [int(np.argmax(last))]
+    while len(plain) < n:
+        plain.append(int(np.argmax(e.forward(s, np.array([plain[-1]], np.int32)))))
+
+    s, last = fed(e, PROMPT)
+    out, pending, drafted, accepted = [], int(np.argmax(last)), 0, 0
+    while len(out) < n:
+        drafts = e.draft(s, pending, 3)
+        kept, pending = greedy_round(e, s, pending, drafts)
+        drafted, accepted = drafted + 3, accepted + len(kept) - 1
+        out += kept
+    assert out[:n] == plain
+    assert 0 <= accepted <= drafted
+
+
+def test_bad_calls_are_refused_by_name(ckpt, tmp_path):
+    e = engine(ckpt["mlx"], mtp=False)
+    s, last = fed(e, PROMPT)
+    with pytest.raises(_lily.LilyError, match="made without the MTP head"):
+        e.draft(s, 1, 2)
+    e.use_mtp = True
+    s, last = fed(e, PROMPT)
+    for n in (0, 4):
+        with pytest.raises(_lily.LilyError, match="drafts asked for"):
+            e.draft(s, 1, n)
+    with pytest.raises(_lily.LilyError, match="holds no token"):
+        e.draft(e.new_session(16), 1, 2)
+    with pytest.raises(_lily.LilyError, match="outside"):
+        e.draft(s, 10**6, 2)
+
+    plain = synthetic.write_checkpoint(tmp_path / "plain", seed=SEED)
+    with pytest.raises(_lily.LilyError, match="no MTP head"):
+        engine(plain)
+    with pytest.raises(_lily.LilyError, match="no MTP head"):
+        convert(plain, tmp_path / "out", keep_mtp=True)
+
+
+def test_a_missing_mtp_tensor_is_named(ckpt, tmp_path):
+    from reference.consistency import read_safetensors, write_safetensors
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt["hf"], bad)
+    files = sorted(bad.glob("*.safetensors"))
+    assert len(files) == 1
+    tensors = read_safetensors(files[0])
+    del tensors["mtp.fc.weight"]
+    write_safetensors(files[0], tensors, {"format": "pt"})
+    with pytest.raises(_lily.LilyError, match="missing tensor 'mtp.fc.weight'"):
+        _lily.Engine(str(bad), device="cpu")
+
+
+# ---- generate(speculative="mtp") --------------------------------------------------------------
+
+def repeating_checkpoint(path):
+    """A checkpoint whose greedy output repeats its last token and whose MTP head drafts exactly
+    that: every residual branch's output projection is zero (h stays the embedding), lm_head is
+    the embedding table (a row's own dot product wins), and the head's fc passes the embedding
+    half through. So every draft is accepted."""
+    from reference.consistency import Tensor, read_safetensors, write_safetensors
+
+    hf = synthetic.write_checkpoint(path, layout="hf", seed=SEED, mtp=True)
+    (f,) = hf.glob("*.safetensors")
+    t = read_safetensors(f)
+    zero = ("o_proj.weight", "out_proj.weight", "down_proj", "down_proj.weight")
+    for name, x in list(t.items()):
+        if name.endswith(zero):
+            t[name] = Tensor(x.dtype, x.shape, bytes(len(x.data)))
+    t["lm_head.weight"] = t["model.language_model.embed_tokens.weight"]
+    H = t["mtp.fc.weight"].shape[0]
+    t["mtp.fc.weight"] = Tensor.from_array("BF16", np.hstack([np.eye(H), np.zeros((H, H))]).astype(np.float32)
+                                           .view(np.uint32) >> 16)
+    for name in ("mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight"):
+        t[name] = Tensor(t[name].dtype, t[name].shape, bytes(len(t[name].data)))  # zero-centred: x 1
+    write_safetensors(f, t, {"format": "pt"})
+    return hf
+
+
+@pytest.fixture(scope="module")
+def models(ckpt, tmp_path_factory):
+    import lily
+
+    rep = repeating_checkpoint(tmp_path_factory.mktemp("repeat") / "ckpt")
+    return {"random": lily.Model.load(str(ckpt["mlx"]), device="cpu", mtp=True),
+            "repeat": lily.Model.load(str(rep), device="cpu", mtp=True)}
+
+
+@pytest.mark.parametrize("name", ["random", "repeat"])
+@pytest.mark.parametrize("drafts", [1, 2, 3])
+@pytest.mark.parametrize("max_tokens", [1, 2, 6, 37])
+def test_speculative_generate_is_plain_greedy(models, name, drafts, max_tokens):
+    m = models[name]
+    want = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True)
+    got = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True, speculative="mtp",
+                     draft_tokens=drafts)
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert got.rounds >= (max_tokens - 1 + drafts) // (drafts + 1)
+    assert got.draft_tokens <= drafts * got.rounds and 0 <= got.accepted_tokens <= got.draft_tokens
+    if name == "repeat" and got.draft_tokens:
+        assert got.draft_acceptance == 1.0
+    if name == "repeat" and max_tokens == 37:  # 36 after the first: whole rounds at 1-3 drafts
+        assert got.tokens_per_round == drafts + 1  # every round keeps its drafts and one more
+
+
+@pytest.mark.parametrize("name", ["random", "repeat"])
+@pytest.mark.parametrize("end", ["stop id", "context"])
+def test_speculation_ends_where_plain_decoding_does(models, name, end):
+    """A stop id the plain output reaches, or a context that ends mid-round; the speculative
+    run is streamed piece by piece (it pauses at the read-ahead bound and resumes); both are
+    continued afterwards."""
+    m = models[name]
+    plain = m.generate(PROMPT.tolist(), max_tokens=60, ignore_eos=True).token_ids
+    kwargs = {"stop_token_ids": [plain[len(plain) // 2]]} if end == "stop id" else {}
+    context = None if end == "stop id" else len(PROMPT) + 23
+
+    def run(speculative, stream):
+        s = m.new_session(context)
+        out = s.generate(PROMPT.tolist(), max_tokens=60, ignore_eos=True, speculative=speculative, stream=stream,
+                         **kwargs)
+        pieces = list(out) if stream else [out]
+        reason = pieces[-1].finish_reason
+        more = s.generate(max_tokens=5, ignore_eos=True, speculative=speculative).token_ids
+        return sum((p.token_ids for p in pieces), []) + more, reason, s.tokens
+
+    assert run("mtp", True) == run(None, False)
+
+
+def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
+    import lily
+
+    m = models["random"]
+    with pytest.raises(lily.LilyError, match="greedy decoding without penalties"):
+        m.generate(PROMPT.tolist(), max_tokens=4, temperature=0.7, speculative="mtp")
+    with pytest.raises(lily.LilyError, match="greedy decoding without penalties"):
+        m.generate(PROMPT.tolist(), max_tokens=4, presence_penalty=0.5, speculative="mtp")
+    with pytest.raises(lily.LilyError, match="draft_tokens"):
+        m.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp", draft_tokens=4)
+    with pytest.raises(lily.LilyError, match="speculative must be"):
+        m.generate(PROMPT.tolist(), max_tokens=4, speculative="eagle")
+    plain = lily.Model.load(str(ckpt["mlx"]), device="cpu")
+    with pytest.raises(lily.LilyError, match="made with the MTP head"):
+        plain.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp")
