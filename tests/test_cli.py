@@ -236,3 +236,22 @@ def test_warnings_print_as_lily_warnings(tiny_mlx_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith("lily: warning: 'lily-tiny' is lily's built-in model; the directory ./lily-tiny "
                                "is not used (write ./lily-tiny to load it)\n"), r.stderr
+
+
+def test_mtp_flags(tmp_path):
+    """synthetic --mtp writes a head, info reports it, convert --keep-mtp keeps it, and
+    generate --speculative mtp prints the same text as plain greedy decoding with its acceptance."""
+    hf = tmp_path / "hf"
+    assert run_lily("synthetic", hf, "--layout", "hf", "--mtp").returncode == 0
+    kept = tmp_path / "kept"
+    assert run_lily("convert", hf, kept, "--keep-mtp").returncode == 0
+    assert (kept / "model-mtp.safetensors").is_file()
+    assert "MTP head: yes" in run_lily("info", "-m", kept, "--device", "cpu").stdout
+    plain = run_lily("generate", "-m", kept, "--device", "cpu", "-n", "12", "hello")
+    spec = run_lily("generate", "-m", kept, "--device", "cpu", "-n", "12", "--speculative", "mtp",
+                    "--draft-tokens", "2", "hello")
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout
+    assert "drafts accepted" in spec.stderr and "drafts accepted" not in plain.stderr
+    bad = run_lily("generate", "-m", kept, "--device", "cpu", "--speculative", "mtp", "--temperature", "0.5", "hi")
+    assert bad.returncode != 0 and "greedy decoding without penalties" in bad.stderr

@@ -51,7 +51,7 @@ def cmd_generate(args) -> int:
 
     if args.think is not None and not args.chat:
         raise LilyError(f"--{'' if args.think else 'no-'}think needs --chat (thinking is part of the chat template)")
-    model = Model.load(args.model, device=args.device)
+    model = Model.load(args.model, device=args.device, mtp=args.speculative == "mtp")
     prompt = args.prompt
     if prompt is None:
         if sys.stdin.isatty():
@@ -60,6 +60,8 @@ def cmd_generate(args) -> int:
     elif prompt == "-":
         prompt = _read_stdin()
     kwargs = _sampling(args)
+    if args.speculative:
+        kwargs.update(speculative=args.speculative, draft_tokens=args.draft_tokens)
     if args.chat:
         kwargs["messages"] = [{"role": "user", "content": prompt}]
         kwargs["enable_thinking"] = args.think
@@ -72,8 +74,9 @@ def cmd_generate(args) -> int:
     r = stream.result
     sys.stdout.write("\n")
     print(f"[{model.device}] prefill {r.prompt_tokens} tokens at {r.prefill_tokens_per_s:,.1f} tok/s | "
-          f"decode {len(r.token_ids)} tokens at {r.decode_tokens_per_s:,.1f} tok/s | finish: {r.finish_reason}",
-          file=sys.stderr)
+          f"decode {len(r.token_ids)} tokens at {r.decode_tokens_per_s:,.1f} tok/s | finish: {r.finish_reason}"
+          + (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round"
+             if r.rounds else ""), file=sys.stderr)
     return 0
 
 
@@ -90,7 +93,7 @@ def _read_stdin() -> str:
 def cmd_convert(args) -> int:
     from .convert import convert
 
-    out = convert(args.hf_dir, args.out_dir)
+    out = convert(args.hf_dir, args.out_dir, keep_mtp=args.keep_mtp)
     print(f"wrote {out}")
     return 0
 
@@ -103,7 +106,7 @@ def cmd_synthetic(args) -> int:
         check_empty_dir(args.out_dir, allow="--force")
     config = synthetic.config_35b() if args.size == "35b" else synthetic.tiny_config()
     out = synthetic.write_checkpoint(args.out_dir, config=config, layout=args.layout, seed=args.seed,
-                                     overwrite=args.force)
+                                     mtp=args.mtp, overwrite=args.force)
     print(f"wrote {out}")
     return 0
 
@@ -124,6 +127,7 @@ def cmd_info(args) -> int:
                 print(f"  {k}: {v}")
         print(f"  weights: {model._engine.weight_bytes / 1e9:.3f} GB ({model._engine.source_layout} layout), "
               f"device {model.device}")
+        print(f"  MTP head: {'yes (speculative decoding: --speculative mtp)' if model.has_mtp else 'no'}")
     return 0
 
 
@@ -141,11 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as a user message (default: raw text)")
     _add_think_arg(g)
+    g.add_argument("--speculative", choices=["mtp"], default=None,
+                   help="greedy speculative decoding with the checkpoint's MTP head (the same tokens, faster when "
+                        "its drafts are accepted)")
+    g.add_argument("--draft-tokens", type=params.DRAFT_TOKENS.parse, default=params.DRAFT_TOKENS.default,
+                   help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule} (default: {params.DRAFT_TOKENS.default})")
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("convert", help="HF bf16 checkpoint -> MLX affine 4-bit checkpoint")
     c.add_argument("hf_dir")
     c.add_argument("out_dir")
+    c.add_argument("--keep-mtp", action="store_true",
+                   help="also write the MTP head, into model-mtp.safetensors (the trunk's files are unchanged)")
     c.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("synthetic", help="write a random-weight checkpoint (tests, benchmarks)")
@@ -156,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{params.WEIGHT_SEED.help}; {params.WEIGHT_SEED.rule} (default: 0)")
     s.add_argument("--force", action="store_true",
                    help="replace a checkpoint already in OUT_DIR (default: refuse a directory that holds files)")
+    s.add_argument("--mtp", action="store_true", help="with an MTP head (random, as the trunk)")
     s.set_defaults(func=cmd_synthetic)
 
     i = sub.add_parser("info", help="devices, built-in models, and a model's configuration")

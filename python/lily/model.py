@@ -134,6 +134,11 @@ class Model:
         return self._engine.device
 
     @property
+    def has_mtp(self) -> bool:
+        """Whether the checkpoint carries an MTP head (speculative decoding: load with mtp=True)."""
+        return self._engine.has_mtp
+
+    @property
     def max_context(self) -> int:
         return int(self.config["max_position_embeddings"])
 
