@@ -572,3 +572,37 @@ def test_attention_mixer_chunked_equals_one_shot(rng):
     np.testing.assert_array_equal(np.concatenate(parts), full[0])
     np.testing.assert_array_equal(k_cache, full[1])
     np.testing.assert_array_equal(v_cache, full[2])
+
+
+def mtp_weights(rng, H=128, V=300):
+    return {**attn_weights(rng, H), **moe_weights(rng, H), "embed_tokens": ref.random_qweight(rng, V, H),
+            "fc": ref.random_qweight(rng, H, 2 * H), "pre_fc_norm_embedding": randn(rng, H) * 0.1 + 1,
+            "pre_fc_norm_hidden": randn(rng, H) * 0.1 + 1, "norm": randn(rng, H) * 0.1 + 1,
+            "input_layernorm": randn(rng, H) * 0.1 + 1, "post_attention_layernorm": randn(rng, H) * 0.1 + 1}
+
+
+MTP = dict(ATTN, top_k=4, norm_topk_prob=True)
+
+
+@pytest.mark.parametrize("R", [1, 7, 63])
+@pytest.mark.parametrize("pos0", [0, 9])
+def test_mtp_head(rng, R, pos0):
+    w = mtp_weights(rng)
+    hidden, nxt = randn(rng, R, 128), rng.integers(0, 300, R).astype(np.int32)
+    k_cache, v_cache = randn(rng, pos0, 2, 64), randn(rng, pos0, 2, 64)
+    got = ops.mtp_head(hidden, nxt, w, k_cache, v_cache, **MTP)
+    want = ref.mtp_head(hidden, nxt, w, k_cache, v_cache, **MTP)
+    for g, r in zip(got, want):
+        assert rel_err(g, r) < 1e-5
+
+
+def test_mtp_head_refuses_bad_shapes(rng):
+    w = mtp_weights(rng)
+    empty = np.zeros((0, 2, 64), np.float32)
+    with pytest.raises(lily.LilyError, match="next"):
+        ops.mtp_head(randn(rng, 3, 128), np.zeros(2, np.int32), w, empty, empty, **MTP)
+    with pytest.raises(lily.LilyError, match="outside"):
+        ops.mtp_head(randn(rng, 1, 128), np.array([300], np.int32), w, empty, empty, **MTP)
+    with pytest.raises(lily.LilyError, match="fc must be"):
+        ops.mtp_head(randn(rng, 1, 128), np.zeros(1, np.int32), {**w, "fc": ref.random_qweight(rng, 128, 128)},
+                     empty, empty, **MTP)

@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <type_traits>
 #include <mutex>
@@ -30,6 +31,7 @@
 #include "contract/metal_ops.h"
 #endif
 #include "error.h"
+#include "executor.h"
 #include "threadpool.h"
 
 namespace nb = nanobind;
@@ -121,6 +123,68 @@ Dense dense_from(const nb::dict& d, const char* key, const char* op) {
 PyQWeight qweight_from(const nb::dict& d, const char* key, const char* op) {
   if (!d.contains(key)) fail(op, ": weights have no '", key, "'");
   return PyQWeight(d[key], op, key);
+}
+
+// A block's quantized matrices from a weights dict, held with the arrays they point into.
+struct PyMatrices {
+  std::deque<PyQWeight> held;
+  const QWeight& get(const nb::dict& d, const char* key, const char* op) {
+    return held.emplace_back(qweight_from(d, key, op)).w;
+  }
+};
+
+AttnWeights attn_weights_from(const nb::dict& d, PyMatrices& m, const char* op) {
+  return {m.get(d, "q_proj", op), m.get(d, "k_proj", op), m.get(d, "v_proj", op), m.get(d, "o_proj", op),
+          dense_from(d, "q_norm", op), dense_from(d, "k_norm", op)};
+}
+
+MoeWeights moe_weights_from(const nb::dict& d, PyMatrices& m, const char* op) {
+  return {m.get(d, "router", op),           m.get(d, "gate_proj", op),        m.get(d, "up_proj", op),
+          m.get(d, "down_proj", op),        m.get(d, "shared_gate_proj", op), m.get(d, "shared_up_proj", op),
+          m.get(d, "shared_down_proj", op), m.get(d, "shared_expert_gate", op)};
+}
+
+// The config fields an attention layer and a MoE block read, from their weights and arguments.
+void set_attention_config(ModelConfig& c, const AttnWeights& w, int64_t num_heads, int64_t num_kv_heads,
+                          int64_t head_dim, double partial_rotary_factor, double rope_theta, float eps) {
+  c.hidden_size = w.q_proj.cols;
+  c.num_attention_heads = num_heads;
+  c.num_key_value_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.partial_rotary_factor = partial_rotary_factor;
+  c.rope_theta = rope_theta;
+  c.rms_norm_eps = eps;
+}
+
+void set_moe_config(ModelConfig& c, const MoeWeights& w, int64_t top_k, bool norm_topk_prob) {
+  c.hidden_size = w.router.cols;
+  c.num_experts = w.router.rows;
+  c.num_experts_per_tok = top_k;
+  c.moe_intermediate_size = w.gate_proj.rows;
+  c.shared_expert_intermediate_size = w.shared_gate_proj.rows;
+  c.norm_topk_prob = norm_topk_prob;
+}
+
+// A KV cache [pos0, Hkv, D] each from numpy, checked against the config.
+cpu::KvCache kv_cache_from(In<float> k_cache, In<float> v_cache, const ModelConfig& c, const char* op) {
+  need(k_cache, {-1, c.num_key_value_heads, c.head_dim}, op, "k_cache [pos0, Hkv, D]");
+  need(v_cache, {static_cast<int64_t>(k_cache.shape(0)), c.num_key_value_heads, c.head_dim}, op, "v_cache");
+  cpu::KvCache cache;
+  cache.k.assign(k_cache.data(), k_cache.data() + k_cache.size());
+  cache.v.assign(v_cache.data(), v_cache.data() + v_cache.size());
+  return cache;
+}
+
+// The cache's [positions, Hkv, D] arrays.
+std::tuple<Out<float>, Out<float>> kv_cache_out(const cpu::KvCache& cache, const ModelConfig& c) {
+  const size_t row = static_cast<size_t>(c.num_key_value_heads * c.head_dim);
+  const std::vector<size_t> shape{cache.k.size() / row, static_cast<size_t>(c.num_key_value_heads),
+                                  static_cast<size_t>(c.head_dim)};
+  auto [k, kp] = new_array<float>(shape);
+  auto [v, vp] = new_array<float>(shape);
+  std::copy(cache.k.begin(), cache.k.end(), kp);
+  std::copy(cache.v.begin(), cache.v.end(), vp);
+  return {k, v};
 }
 
 // Extent of dim i, signed like the op contracts' sizes.
@@ -348,19 +412,10 @@ Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle d
 
 Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_topk_prob) {
   const char* op = "moe_block";
-  PyQWeight router = qweight_from(weights, "router", op), gate = qweight_from(weights, "gate_proj", op),
-            up = qweight_from(weights, "up_proj", op), down = qweight_from(weights, "down_proj", op),
-            s_gate = qweight_from(weights, "shared_gate_proj", op), s_up = qweight_from(weights, "shared_up_proj", op),
-            s_down = qweight_from(weights, "shared_down_proj", op),
-            s_expert_gate = qweight_from(weights, "shared_expert_gate", op);
-  MoeWeights w{router.w, gate.w, up.w, down.w, s_gate.w, s_up.w, s_down.w, s_expert_gate.w};
+  PyMatrices m;
+  const MoeWeights w = moe_weights_from(weights, m, op);
   ModelConfig c;
-  c.hidden_size = router.w.cols;
-  c.num_experts = router.w.rows;
-  c.num_experts_per_tok = top_k;
-  c.moe_intermediate_size = gate.w.rows;
-  c.shared_expert_intermediate_size = s_gate.w.rows;
-  c.norm_topk_prob = norm_topk_prob;
+  set_moe_config(c, w, top_k, norm_topk_prob);
   need(x, {-1, c.hidden_size}, op, "x");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>(shape_of(x));
@@ -425,42 +480,61 @@ std::tuple<Out<float>, Out<float>, Out<float>> attention_mixer(In<float> x, nb::
                                                                double partial_rotary_factor, double rope_theta,
                                                                float eps) {
   const char* op = "attention_mixer";
-  PyQWeight q = qweight_from(weights, "q_proj", op), k = qweight_from(weights, "k_proj", op),
-            v = qweight_from(weights, "v_proj", op), o = qweight_from(weights, "o_proj", op);
-  AttnWeights w;
-  w.q_proj = q.w;
-  w.k_proj = k.w;
-  w.v_proj = v.w;
-  w.o_proj = o.w;
-  w.q_norm = dense_from(weights, "q_norm", op);
-  w.k_norm = dense_from(weights, "k_norm", op);
+  PyMatrices m;
+  const AttnWeights w = attn_weights_from(weights, m, op);
   ModelConfig c;
-  c.hidden_size = q.w.cols;
-  c.num_attention_heads = num_heads;
-  c.num_key_value_heads = num_kv_heads;
-  c.head_dim = head_dim;
-  c.partial_rotary_factor = partial_rotary_factor;
-  c.rope_theta = rope_theta;
-  c.rms_norm_eps = eps;
+  set_attention_config(c, w, num_heads, num_kv_heads, head_dim, partial_rotary_factor, rope_theta, eps);
   need(x, {-1, c.hidden_size}, op, "x");
-  need(k_cache, {-1, num_kv_heads, head_dim}, op, "k_cache [pos0, Hkv, D]");
-  need(v_cache, {static_cast<int64_t>(k_cache.shape(0)), num_kv_heads, head_dim}, op, "v_cache");
+  cpu::KvCache cache = kv_cache_from(k_cache, v_cache, c, op);
   const int64_t T = x.shape(0), pos0 = k_cache.shape(0);
-  const std::vector<size_t> cache_shape{static_cast<size_t>(pos0 + T), static_cast<size_t>(num_kv_heads),
-                                        static_cast<size_t>(head_dim)};
   auto [y, yp] = new_array<float>(shape_of(x));
-  auto [kc, kcp] = new_array<float>(cache_shape);
-  auto [vc, vcp] = new_array<float>(cache_shape);
-  cpu::KvCache cache;
-  cache.k.assign(k_cache.data(), k_cache.data() + k_cache.size());
-  cache.v.assign(v_cache.data(), v_cache.data() + v_cache.size());
   {
     nb::gil_scoped_release nogil;
     cpu::AttnBuffers buf;
     cpu::attention_mixer(w, c, x.data(), T, pos0, cache, buf, yp);
   }
-  std::copy(cache.k.begin(), cache.k.end(), kcp);
-  std::copy(cache.v.begin(), cache.v.end(), vcp);
+  auto [kc, vc] = kv_cache_out(cache, c);
+  return {y, kc, vc};
+}
+
+std::tuple<Out<float>, Out<float>, Out<float>> mtp_head(In<float> hidden, In<int32_t> next, nb::dict weights,
+                                                        In<float> k_cache, In<float> v_cache, int64_t num_heads,
+                                                        int64_t num_kv_heads, int64_t head_dim,
+                                                        double partial_rotary_factor, double rope_theta, float eps,
+                                                        int64_t top_k, bool norm_topk_prob) {
+  const char* op = "mtp_head";
+  PyMatrices m;
+  ModelWeights w;
+  w.has_mtp = true;
+  w.embed = m.get(weights, "embed_tokens", op);
+  w.mtp.fc = m.get(weights, "fc", op);
+  w.mtp.pre_fc_norm_embedding = dense_from(weights, "pre_fc_norm_embedding", op);
+  w.mtp.pre_fc_norm_hidden = dense_from(weights, "pre_fc_norm_hidden", op);
+  w.mtp.norm = dense_from(weights, "norm", op);
+  LayerWeights& L = w.mtp.layer;
+  L.kind = LayerKind::Full;
+  L.input_norm = dense_from(weights, "input_layernorm", op);
+  L.post_norm = dense_from(weights, "post_attention_layernorm", op);
+  L.attn = attn_weights_from(weights, m, op);
+  L.moe = moe_weights_from(weights, m, op);
+  ModelConfig& c = w.config;
+  set_attention_config(c, L.attn, num_heads, num_kv_heads, head_dim, partial_rotary_factor, rope_theta, eps);
+  set_moe_config(c, L.moe, top_k, norm_topk_prob);
+  c.vocab_size = w.embed.rows;
+  const int64_t H = c.hidden_size;
+  if (w.mtp.fc.rows != H || w.mtp.fc.cols != 2 * H) fail(op, ": fc must be [H, 2H] with H = ", std::to_string(H));
+  need(hidden, {-1, H}, op, "hidden [R, H]");
+  const int64_t R = hidden.shape(0);
+  need(next, {R}, op, "next [R]");
+  check_tokens(c, next.data(), R);
+  cpu::KvCache cache = kv_cache_from(k_cache, v_cache, c, op);
+  auto [y, yp] = new_array<float>(shape_of(hidden));
+  {
+    nb::gil_scoped_release nogil;
+    cpu::MtpBuffers buf;
+    cpu::mtp_head(w, hidden.data(), next.data(), R, k_cache.shape(0), cache, buf, yp);
+  }
+  auto [kc, vc] = kv_cache_out(cache, c);
   return {y, kc, vc};
 }
 
@@ -522,6 +596,14 @@ void register_ops(nb::module_& m) {
           nb::arg("partial_rotary_factor"), nb::arg("rope_theta"), nb::arg("eps"),
           "(out, k_cache, v_cache) of one gated attention mixer; weights: q_proj, k_proj, v_proj, o_proj "
           "(quantized), q_norm, k_norm");
+  ops.def("mtp_head", &mtp_head, nb::arg("hidden"), nb::arg("next"), nb::arg("weights"), nb::arg("k_cache"),
+          nb::arg("v_cache"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
+          nb::arg("partial_rotary_factor"), nb::arg("rope_theta"), nb::arg("eps"), nb::arg("top_k"),
+          nb::arg("norm_topk_prob"),
+          "(out [R, H] after mtp.norm, k_cache, v_cache) of the MTP head over rows of the trunk's normed hidden\n"
+          "state and the next token; weights: embed_tokens, fc (quantized), pre_fc_norm_embedding,\n"
+          "pre_fc_norm_hidden, norm, input_layernorm, post_attention_layernorm, and attention_mixer's and\n"
+          "moe_block's");
   ops.def("parallel_ranges", &parallel_ranges, nb::arg("n"), nb::arg("item_work"),
           "the sorted (begin, end, on_calling_thread) ranges of one parallel_for over n items");
   ops.def("parallel_chunks", &parallel_chunks, nb::arg("n"), nb::arg("item_work"),

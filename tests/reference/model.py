@@ -109,12 +109,15 @@ class ReferenceModel:
     def mtp(self, hidden, next_tokens, cache):
         """The MTP head over rows (hidden [R, H] after the trunk's final norm, the next tokens [R])
         after len(cache[0]) cached positions: (out [R, H] after mtp.norm, the extended cache)."""
-        eps = self.c["rms_norm_eps"]
-        e = ref.rmsnorm(ref.embedding(next_tokens, self.q("embed_tokens")), self.f("mtp.pre_fc_norm_embedding.weight"), eps)
-        h = ref.rmsnorm(hidden, self.f("mtp.pre_fc_norm_hidden.weight"), eps)
-        u = ref.qmatmul(np.concatenate([e, h], axis=1), self.q("mtp.fc"))
-        u, cache = self._decoder_layer(u, "mtp.layers.0.", self._attn("mtp.layers.0."), "full", cache)
-        return ref.rmsnorm(u, self.f("mtp.norm.weight"), eps), cache
+        c, p = self.c, "mtp.layers.0."
+        weights = {**self._attn(p), **self._moe(p), "embed_tokens": self.q("embed_tokens"), "fc": self.q("mtp.fc"),
+                   "pre_fc_norm_embedding": self.f("mtp.pre_fc_norm_embedding.weight"),
+                   "pre_fc_norm_hidden": self.f("mtp.pre_fc_norm_hidden.weight"), "norm": self.f("mtp.norm.weight"),
+                   "input_layernorm": self.f(p + "input_layernorm.weight"),
+                   "post_attention_layernorm": self.f(p + "post_attention_layernorm.weight")}
+        out, k, v = ref.mtp_head(hidden, next_tokens, weights, *cache, **self._attn_kwargs(),
+                                 top_k=c["num_experts_per_tok"], norm_topk_prob=c.get("norm_topk_prob", True))
+        return out, (k, v)
 
     def logits(self, x) -> np.ndarray:
         head = "embed_tokens" if self.c.get("tie_word_embeddings") else "lm_head"

@@ -280,3 +280,17 @@ def attention_mixer(x, weights: dict, k_cache, v_cache, num_heads, num_kv_heads,
     v_cache = np.concatenate([v_cache, v]).astype(np.float32)
     o = attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
     return qmatmul(o.reshape(T, Hq * D), weights["o_proj"]), k_cache, v_cache
+
+
+def mtp_head(hidden, next_tokens, weights: dict, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
+             partial_rotary_factor, rope_theta, eps, top_k, norm_topk_prob):
+    """The MTP head (MODEL.md §7) over rows of the trunk's normed hidden state and the next
+    token, after len(k_cache) cached positions. Returns (out after mtp.norm, k_cache, v_cache)."""
+    e = rmsnorm(embedding(next_tokens, weights["embed_tokens"]), weights["pre_fc_norm_embedding"], eps)
+    h = rmsnorm(hidden, weights["pre_fc_norm_hidden"], eps)
+    u = qmatmul(np.concatenate([e, h], axis=1), weights["fc"])
+    a, k_cache, v_cache = attention_mixer(rmsnorm(u, weights["input_layernorm"], eps), weights, k_cache, v_cache,
+                                          num_heads, num_kv_heads, head_dim, partial_rotary_factor, rope_theta, eps)
+    u = u + a
+    u = u + moe_block(rmsnorm(u, weights["post_attention_layernorm"], eps), weights, top_k, norm_topk_prob)
+    return rmsnorm(u, weights["norm"], eps), k_cache, v_cache
