@@ -126,14 +126,27 @@ def test_speculation_with_the_head_is_plain_greedy(ckpt):
         plain.append(int(np.argmax(e.forward(s, np.array([plain[-1]], np.int32)))))
 
     s, last = fed(e, PROMPT)
-    out, pending, drafted, accepted = [], int(np.argmax(last)), 0, 0
+    out, pending = [], int(np.argmax(last))
     while len(out) < n:
-        drafts = e.draft(s, pending, 3)
-        kept, pending = greedy_round(e, s, pending, drafts)
-        drafted, accepted = drafted + 3, accepted + len(kept) - 1
+        kept, pending = greedy_round(e, s, pending, e.draft(s, pending, 3))
         out += kept
     assert out[:n] == plain
-    assert 0 <= accepted <= drafted
+
+
+def test_snapshots_carry_the_head(ckpt):
+    e = engine(ckpt["mlx"])
+    s, last = fed(e, PROMPT)
+    nxt = int(np.argmax(last))
+    snap = e.clone(s)
+    want = e.draft(s, nxt, 3, logits=True)[1]
+    e.forward(s, np.array([nxt, 5, 6], np.int32))
+    e.restore(s, snap)
+    np.testing.assert_array_equal(e.draft(s, nxt, 3, logits=True)[1], want)
+    np.testing.assert_array_equal(e.draft(snap, nxt, 3, logits=True)[1], want)
+    e.use_mtp = False
+    plain = e.new_session(128)
+    with pytest.raises(_lily.LilyError, match="snapshot was made with the MTP head and the session without"):
+        e.restore(plain, snap)
 
 
 def test_bad_calls_are_refused_by_name(ckpt, tmp_path):
@@ -247,6 +260,15 @@ def test_speculation_ends_where_plain_decoding_does(models, name, end):
     assert run("mtp", True) == run(None, False)
 
 
+def test_speculation_stops_at_stop_strings(models):
+    m = models["random"]
+    plain = m.generate(PROMPT.tolist(), max_tokens=40, ignore_eos=True)
+    stop = plain.text[len(plain.text) // 2:][:3]
+    want = m.generate(PROMPT.tolist(), max_tokens=40, ignore_eos=True, stop=stop)
+    got = m.generate(PROMPT.tolist(), max_tokens=40, ignore_eos=True, stop=stop, speculative="mtp")
+    assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, "stop")
+
+
 def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
     import lily
 
@@ -259,6 +281,8 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
         m.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp", draft_tokens=4)
     with pytest.raises(lily.LilyError, match="speculative must be"):
         m.generate(PROMPT.tolist(), max_tokens=4, speculative="eagle")
+    with pytest.raises(lily.LilyError, match="draft_tokens needs speculative"):
+        m.generate(PROMPT.tolist(), max_tokens=4, draft_tokens=2)
     plain = lily.Model.load(str(ckpt["mlx"]), device="cpu")
     with pytest.raises(lily.LilyError, match="made with the MTP head"):
         plain.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp")

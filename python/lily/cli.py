@@ -60,6 +60,8 @@ def cmd_generate(args) -> int:
     elif prompt == "-":
         prompt = _read_stdin()
     kwargs = _sampling(args)
+    if args.draft_tokens is not None and not args.speculative:
+        raise LilyError("--draft-tokens needs --speculative mtp")
     if args.speculative:
         kwargs.update(speculative=args.speculative, draft_tokens=args.draft_tokens)
     if args.chat:
@@ -148,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="greedy speculative decoding with the checkpoint's MTP head (the same tokens, faster when "
                         "its drafts are accepted)")
-    g.add_argument("--draft-tokens", type=params.DRAFT_TOKENS.parse, default=params.DRAFT_TOKENS.default,
+    g.add_argument("--draft-tokens", type=params.DRAFT_TOKENS.parse, default=None,
                    help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule} (default: {params.DRAFT_TOKENS.default})")
     g.set_defaults(func=cmd_generate)
 

@@ -37,6 +37,7 @@ class GenerationResult:
     draft_tokens: int = 0     # speculative decoding: drafts the head proposed
     accepted_tokens: int = 0  # and how many of them the model's own choices confirmed
     rounds: int = 0           # verify steps
+    round_tokens: int = 0     # tokens the rounds handed out (all but a first one chosen from a prompt's logits)
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -45,7 +46,7 @@ class GenerationResult:
 
     @property
     def tokens_per_round(self) -> float | None:
-        return (len(self.token_ids) - 1) / self.rounds if self.rounds else None
+        return self.round_tokens / self.rounds if self.rounds else None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -115,12 +116,17 @@ class Model:
         return cls(engine, directory, tokenizer)
 
     @classmethod
-    def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 0) -> "Model":
+    def random(cls, config_json: str, device: str = "auto", *, seed: int = 0, prefill_chunk: int = 0,
+               mtp: bool = False) -> "Model":
         """A model with random 4-bit weights for a config.json (benchmarks at full size
-        without a checkpoint file); no tokenizer, so it takes token ids only."""
+        without a checkpoint file); no tokenizer, so it takes token ids only. mtp: with a random
+        MTP head, run beside every session (as Model.load's mtp)."""
         _check_device(device)
         seed, prefill_chunk = params.WEIGHT_SEED.check(seed), params.PREFILL_CHUNK.check(prefill_chunk)
-        engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk)
+        if not isinstance(mtp, bool):
+            raise LilyError(f"mtp must be True or False, got {mtp!r}")
+        engine = _lily.Engine.random(str(config_json), device, seed, prefill_chunk, "plain", mtp)
+        engine.use_mtp = mtp
         return cls(engine, Path(config_json).parent, None)
 
     def __repr__(self) -> str:
@@ -333,7 +339,7 @@ class Session:
         ignore_eos: bool = False,
         stream: bool = False,
         speculative: str | None = None,
-        draft_tokens: int = 3,
+        draft_tokens: int | None = None,
     ) -> GenerationResult | Iterator[Piece]:
         """Continues the conversation: feeds the prompt (if any) and generates.
 
@@ -344,12 +350,15 @@ class Session:
         stream generates at most STREAM_READ_AHEAD tokens ahead of its reader and pauses
         there, leaving the model free; it resumes, with the same tokens, when read again.
         speculative="mtp": greedy speculative decoding with the checkpoint's MTP head (a model
-        loaded with mtp=True), draft_tokens (1-3) a round; the tokens are exactly plain greedy
+        loaded with mtp=True), draft_tokens (1-3, default 3) a round; the tokens are exactly plain greedy
         decoding's, and the result reports draft_acceptance and tokens_per_round.
         """
         if speculative not in (None, "mtp"):
             raise LilyError(f"speculative must be None or 'mtp', got {speculative!r}")
-        drafts = params.DRAFT_TOKENS.check(draft_tokens) if speculative else 0
+        if draft_tokens is not None and not speculative:
+            raise LilyError("draft_tokens needs speculative='mtp'")
+        drafts = params.DRAFT_TOKENS.check(params.DRAFT_TOKENS.default if draft_tokens is None else draft_tokens) \
+            if speculative else 0
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -481,7 +490,8 @@ class _Run:
             decode_seconds=self._stream.decode_seconds,
             stop_string=self._matched,
         )
-        self.result.rounds, self.result.draft_tokens, self.result.accepted_tokens = self._stream.speculation
+        (self.result.rounds, self.result.draft_tokens, self.result.accepted_tokens,
+         self.result.round_tokens) = self._stream.speculation
 
     def collect(self) -> GenerationResult:
         for _ in self:

@@ -431,21 +431,14 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_delta_mixer(In<float> x, nb
                                                                  int64_t key_head_dim, int64_t value_head_dim,
                                                                  float eps) {
   const char* op = "gated_delta_mixer";
-  PyQWeight qkv = qweight_from(weights, "in_proj_qkv", op), z = qweight_from(weights, "in_proj_z", op),
-            b = qweight_from(weights, "in_proj_b", op), a = qweight_from(weights, "in_proj_a", op),
-            out_proj = qweight_from(weights, "out_proj", op);
-  GdnWeights w;
-  w.in_proj_qkv = qkv.w;
-  w.in_proj_z = z.w;
-  w.in_proj_b = b.w;
-  w.in_proj_a = a.w;
-  w.out_proj = out_proj.w;
-  w.conv1d = dense_from(weights, "conv1d", op);
-  w.dt_bias = dense_from(weights, "dt_bias", op);
-  w.A_log = dense_from(weights, "A_log", op);
-  w.norm = dense_from(weights, "norm", op);
+  PyMatrices m;
+  const GdnWeights w{m.get(weights, "in_proj_qkv", op), m.get(weights, "in_proj_z", op),
+                     m.get(weights, "in_proj_b", op),   m.get(weights, "in_proj_a", op),
+                     m.get(weights, "out_proj", op),    dense_from(weights, "conv1d", op),
+                     dense_from(weights, "dt_bias", op), dense_from(weights, "A_log", op),
+                     dense_from(weights, "norm", op)};
   ModelConfig c;
-  c.hidden_size = qkv.w.cols;
+  c.hidden_size = w.in_proj_qkv.cols;
   c.linear_num_key_heads = num_key_heads;
   c.linear_num_value_heads = num_value_heads;
   c.linear_key_head_dim = key_head_dim;

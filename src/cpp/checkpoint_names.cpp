@@ -28,8 +28,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // The spec config.json gives `module` (lily's name): an override whose key names it, else the
 // block's default; without a quantization block, `fallback`.
 QuantSpec mlx_spec(const ModelConfig& c, const std::string& module, const QuantSpec& fallback) {
+  // "mtp.layers.0.mlp.gate" ends like "layers.0.mlp.gate": the head's keys name only its modules.
   for (const auto& [key, spec] : c.quant_overrides)
-    if (key == module || ends_with(key, "." + module)) return spec;
+    if ((key == module || ends_with(key, "." + module)) && is_mtp_name(key) == is_mtp_name(module)) return spec;
   return c.quantized ? c.quant : fallback;
 }
 
@@ -332,6 +333,8 @@ std::string lily_name(const std::string& name, bool& is_mlx) {
   else return name;  // lm_head.*, mtp.*, or unknown: kept, so that it is reported as unexpected
   return rest;
 }
+
+bool is_mtp_name(const std::string& name) { return starts_with(name, kMtp) || name.find("." + kMtp) != std::string::npos; }
 
 const char* vision_prefix(Layout layout) { return layout == Layout::Mlx ? kMlxVision.c_str() : kHfVision.c_str(); }
 

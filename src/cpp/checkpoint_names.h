@@ -82,9 +82,10 @@ struct WeightEntry {
   const Dense& dense(const ModelWeights& w) const;
 };
 
-// The `layer` of the MTP head's decoder layer's entries (their names start with "mtp.").
+// The `layer` of the MTP head's decoder layer's entries.
 constexpr int64_t kMtpLayer = -2;
-inline bool is_mtp(const WeightEntry& w) { return w.name.rfind("mtp.", 0) == 0; }
+// Whether a name (lily's, or a checkpoint's under any prefix) is the MTP head's.
+bool is_mtp_name(const std::string& name);
 
 // Every weight of a model of config c, in load order (lm_head only when not tied); with_mtp:
 // then the MTP head's (MODEL.md §7), after the trunk's.

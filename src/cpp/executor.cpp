@@ -16,6 +16,9 @@ void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
 }
 
 void check_restore(const Session& dst, const Session& src) {
+  if (dst.mtp != src.mtp)
+    fail("restore: the snapshot was made ", src.mtp ? "with" : "without", " the MTP head and the session ",
+         dst.mtp ? "with" : "without", " it");
   const int64_t need = src.position() + (src.pending >= 0 ? 1 : 0);
   if (need > dst.max_context)
     fail("restore: the snapshot holds ", std::to_string(need), " positions but the session has room for ",
@@ -115,7 +118,7 @@ void Executor::draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float
 }
 
 void Executor::draft_step(Session&, int32_t, int64_t, int32_t*, float*, int64_t) {
-  fail("draft: the ", device_name(), " executor has no MTP head yet");
+  fail("draft: the ", device_name(), " executor has no MTP head yet");  // supports_mtp() keeps sessions off it
 }
 
 // Each step runs when queued, on the host: feed the token (forward_chunk), then sample
@@ -162,6 +165,7 @@ GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const 
   if (s.pending >= 0 && s.position() + 1 > s.max_context) return r;
   if (s.pending < 0 && s.position() == 0) fail("generate: the session is empty; prefill a prompt first");
   Sampler check(req.sampling);
+  if (req.draft_tokens > 0) check_speculative(*this, s, req);
   if (req.max_tokens <= 0) {  // nothing to choose: only the pending token is fed
     if (s.pending >= 0) {
       const int32_t t = s.pending;

@@ -52,7 +52,8 @@ struct GenerateRequest {
 struct GenerateResult {
   int64_t n_tokens = 0;
   std::string finish_reason;  // "stop" (stop id), "length" (max_tokens or context), "cancelled"
-  int64_t rounds = 0, drafted = 0, accepted = 0;  // speculative decoding's verify steps and drafts
+  // Speculative decoding: verify steps, drafts, accepted drafts, and tokens handed out by the rounds.
+  int64_t rounds = 0, drafted = 0, accepted = 0, round_tokens = 0;
 };
 
 // Receives each token as soon as it is known; returning false cancels generation, unless
@@ -101,6 +102,7 @@ class Executor {
   // choice among ids < vocab_limit (0: all) of the head, fed back with the head's output for
   // the next (recursive drafts), with their logits [n, V] when non-null; s is left as it was.
   bool use_mtp = false;
+  virtual bool supports_mtp() const { return false; }
   void draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits = nullptr, int64_t vocab_limit = 0);
 
   // Snapshots: an independent copy of the session's state with room for `capacity`
@@ -127,7 +129,7 @@ class Executor {
                            int64_t vocab_limit) = 0;
   virtual void keep_step(Session& s, int64_t n, int64_t m) = 0;
   virtual void forget_verified(Session& s) {}
-  // draft after its checks.
+  // draft after its checks (executors whose supports_mtp() is true).
   virtual void draft_step(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits, int64_t vocab_limit);
   // The decode steps generate() queues (decode_loop.h). The default runs each step when
   // queued: forward_chunk, then the host sampler on last_logits.

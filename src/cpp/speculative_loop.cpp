@@ -6,7 +6,7 @@
 
 namespace lily {
 
-GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
+void check_speculative(const Executor& e, const Session& s, const GenerateRequest& req) {
   const SamplingParams& p = req.sampling;
   if (!p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
     fail("generate: speculative decoding takes greedy decoding without penalties (temperature 0, repetition_penalty 1, "
@@ -17,6 +17,11 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
     fail("generate: ", std::to_string(req.draft_tokens), " drafts a round do not fit a verify step of ",
          std::to_string(most), " tokens", why.empty() ? "" : " (" + why + ")");
   if (!s.mtp) fail("generate: speculative decoding needs a session made with the MTP head (use_mtp)");
+}
+
+GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
+  check_speculative(e, s, req);
+  const SamplingParams& p = req.sampling;
   const int64_t V = e.weights().config.vocab_size, limit = p.vocab_limit > 0 ? std::min(p.vocab_limit, V) : V;
 
   GenerateResult r;
@@ -51,15 +56,25 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
     ++r.rounds;
     r.drafted += d;
     r.accepted += accepted;
-    // The accepted drafts are the model's own choices: choice[0 .. accepted] in order.
+    // The accepted drafts are the model's own choices: choice[0 .. accepted] in order. The
+    // session keeps what was handed out, also when on_token throws.
     int64_t kept = 0;
     bool more = true;
-    while (more && kept <= accepted) {
-      ++kept;
-      more = emit(choice[kept - 1], base + kept);
+    auto keep = [&] {  // kept >= 1: the first emit has begun
+      e.keep_verified(s, kept);
+      s.pending = choice[kept - 1];
+      r.round_tokens += kept;
+    };
+    try {
+      while (more && kept <= accepted) {
+        ++kept;
+        more = emit(choice[kept - 1], base + kept);
+      }
+    } catch (...) {
+      keep();
+      throw;
     }
-    e.keep_verified(s, kept);
-    s.pending = choice[kept - 1];
+    keep();
     if (!more) return r;
   }
 }

@@ -12,5 +12,7 @@ namespace lily {
 // stop ids, max_tokens, the context's end and on_token's cancel end it where the plain loop
 // would, with the session left as after that token. Greedy without penalties only.
 GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token);
+// What speculative_loop refuses (by name), checked before generate touches the session.
+void check_speculative(const Executor& e, const Session& s, const GenerateRequest& req);
 
 }  // namespace lily

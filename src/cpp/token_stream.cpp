@@ -73,9 +73,9 @@ std::string TokenStream::finish_reason() const {
   std::lock_guard<std::mutex> lk(mu_);
   return finish_reason_;
 }
-std::tuple<int64_t, int64_t, int64_t> TokenStream::speculation() const {
+std::tuple<int64_t, int64_t, int64_t, int64_t> TokenStream::speculation() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return {rounds_, drafted_, accepted_};
+  return {rounds_, drafted_, accepted_, round_tokens_};
 }
 int64_t TokenStream::n_tokens() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -145,6 +145,7 @@ void TokenStream::run(GenerateRequest req) {
       rounds_ += r.rounds;
       drafted_ += r.drafted;
       accepted_ += r.accepted;
+      round_tokens_ += r.round_tokens;
       if (stopped_by_string_) reason = "stop";
       else if (!paused_ || r.finish_reason != "cancelled") reason = r.finish_reason;
     }

@@ -46,8 +46,8 @@ class TokenStream {
   // (pauses excluded).
   double first_token_seconds() const;
   double decode_seconds() const;
-  // Speculative decoding so far: verify rounds, drafts, accepted drafts.
-  std::tuple<int64_t, int64_t, int64_t> speculation() const;
+  // Speculative decoding so far: verify rounds, drafts, accepted drafts, tokens the rounds handed out.
+  std::tuple<int64_t, int64_t, int64_t, int64_t> speculation() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -73,7 +73,7 @@ class TokenStream {
   std::exception_ptr error_;
   Clock::time_point start_, first_, last_, call_start_;  // call_start_: of the executor's current call
   double decode_seconds_ = 0.0;
-  int64_t rounds_ = 0, drafted_ = 0, accepted_ = 0;
+  int64_t rounds_ = 0, drafted_ = 0, accepted_ = 0, round_tokens_ = 0;
 };
 
 }  // namespace lily

@@ -73,8 +73,7 @@ class Loader {
   void load() {
     const ModelConfig& c = w_.config;
     // A checkpoint with any tensor of the MTP head carries all of it (each missing one is named).
-    w_.has_mtp = std::any_of(by_canon_.begin(), by_canon_.end(), [](const auto& t) { return t.first.rfind("mtp.", 0) == 0; });
-    w_.mtp.layer.kind = LayerKind::Full;
+    w_.has_mtp = std::any_of(by_canon_.begin(), by_canon_.end(), [](const auto& t) { return is_mtp_name(t.first); });
     const std::vector<WeightEntry> table = weight_table(c, w_.has_mtp);
     // mlx-lm's rule: norms are zero-centred (need +1) exactly when conv1d is in the raw
     // HF layout [C, 1, K] (last dim != 1); an MLX-sanitized checkpoint has [C, K, 1].
@@ -355,7 +354,7 @@ void ModelWeights::save_mlx(const std::string& out_dir, int64_t max_shard_bytes,
       out.push_back(quantized_part(t, q));
   }
   // By name, the MTP head's last (in a file of its own).
-  auto mtp_tensor = [](const OutTensor& t) { return t.header.name.find(".mtp.") != std::string::npos; };
+  auto mtp_tensor = [](const OutTensor& t) { return is_mtp_name(t.header.name); };
   std::sort(out.begin(), out.end(), [&](const OutTensor& a, const OutTensor& b) {
     return std::make_pair(mtp_tensor(a), a.header.name) < std::make_pair(mtp_tensor(b), b.header.name);
   });

@@ -83,7 +83,7 @@ struct MtpWeights {
   Dense pre_fc_norm_embedding;  // [H], 1 + w
   Dense pre_fc_norm_hidden;     // [H], 1 + w
   Dense norm;                   // [H], 1 + w: before the trunk's lm_head
-  LayerWeights layer;           // a full-attention decoder layer with its MoE block
+  LayerWeights layer{.kind = LayerKind::Full};  // a full-attention decoder layer with its MoE block
 };
 
 struct ModelWeights {

@@ -62,7 +62,6 @@ class RandomWeights {
     const ModelConfig& c = w_.config;
     w_.layers.resize(c.num_hidden_layers);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) w_.layers[i].kind = c.layer_kinds[i];
-    w_.mtp.layer.kind = LayerKind::Full;
     // Each weight draws its streams in table order, so the weights depend on the seed alone.
     for (const WeightEntry& e : weight_table(c, w_.has_mtp)) {
       if (is_matrix(e.kind)) e.matrix(w_) = linear(e);

@@ -51,13 +51,13 @@ class CpuExecutor : public Executor {
   using Executor::Executor;
 
   std::string device_name() const override { return "cpu"; }
+  bool supports_mtp() const override { return true; }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
     if (max_context <= 0) fail("new_session: max_context must be positive, got ", std::to_string(max_context));
     const ModelConfig& c = weights_->config;
     auto s = std::make_unique<CpuSession>();
     s->max_context = max_context;
-    if (use_mtp && !weights_->has_mtp) fail("new_session: use_mtp is set, but the checkpoint has no MTP head");
     s->mtp = use_mtp;
     s->layers.resize(c.num_hidden_layers);
     s->expert_load.assign(c.num_hidden_layers * c.num_experts, 0);
@@ -120,8 +120,8 @@ class CpuExecutor : public Executor {
       cpu::qmatmul({x, T, w.lm_head, all_logits});
       std::copy_n(all_logits + (T - 1) * V, V, last_logits);
     } else {  // only the last position's logits are needed
-      if (s.mtp && T > 1) std::copy_n(x + (T - 1) * H, H, x);  // the last row, normed above
-      else cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
+      if (!s.mtp) cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
+      else if (T > 1) std::copy_n(x + (T - 1) * H, H, x);  // the last row, normed above
       cpu::qmatmul({x, 1, w.lm_head, last_logits});
     }
   }
@@ -145,8 +145,16 @@ class CpuExecutor : public Executor {
     CpuSession& s = as_cpu(session, "draft");
     const ModelWeights& w = *weights_;
     const int64_t H = w.config.hidden_size, V = w.config.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V;
-    const size_t cached = s.mtp_kv.k.size();
     std::lock_guard<std::mutex> lock(mu_);
+    // The drafts' cache rows go, however the loop ends.
+    struct Rewind {
+      cpu::KvCache& kv;
+      size_t rows;
+      ~Rewind() {
+        kv.k.resize(rows);
+        kv.v.resize(rows);
+      }
+    } rewind{s.mtp_kv, s.mtp_kv.k.size()};
     mtp_in_ = s.mtp_hidden;
     mtp_out_.resize(H);
     row_logits_.resize(V);
@@ -159,8 +167,6 @@ class CpuExecutor : public Executor {
                                                row_logits_.begin());
       mtp_in_ = mtp_out_;
     }
-    s.mtp_kv.k.resize(cached);
-    s.mtp_kv.v.resize(cached);
   }
 
   // One token at a time (each row is then exactly a single-token step), keeping what
