@@ -12,7 +12,8 @@ import time
 import pytest
 
 from lily.tool_calls import parse_assistant_output, render_tool_call
-from test_server import TOOLS, health, live_server, local_reply, long_messages, make_app, wait_idle  # noqa: F401
+from test_server import (TOOLS, app, base_url, health, live_server, local_reply, long_messages,  # noqa: F401
+                         make_app, wait_idle)
 
 pytest.importorskip("fastapi")
 from lily.server import anthropic as messages_api  # noqa: E402
@@ -173,17 +174,6 @@ def test_an_error_after_the_stream_began_is_an_error_event():
 
 
 # ---- a live server ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def app(tiny_model):
-    return make_app(tiny_model, cache_bytes=64 << 20, max_tokens_limit=2000)
-
-
-@pytest.fixture(scope="module")
-def base_url(app):
-    with live_server(app) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
