@@ -187,20 +187,24 @@ def test_a_missing_mtp_tensor_is_named(ckpt, tmp_path):
 
 # ---- generate(speculative="mtp") --------------------------------------------------------------
 
-def repeating_checkpoint(path):
+def repeating_checkpoint(path, head_attention: float = 0.0):
     """A checkpoint whose greedy output repeats its last token and whose MTP head drafts exactly
     that: every residual branch's output projection is zero (h stays the embedding), lm_head is
     the embedding table (a row's own dot product wins), and the head's fc passes the embedding
-    half through. So every draft is accepted."""
+    half through. So every draft is accepted; with head_attention, the head's o_proj is kept,
+    scaled by it, and its attention over the positions makes some drafts wrong."""
     from reference.consistency import Tensor, read_safetensors, write_safetensors
 
     hf = synthetic.write_checkpoint(path, layout="hf", seed=SEED, mtp=True)
     (f,) = hf.glob("*.safetensors")
     t = read_safetensors(f)
     zero = ("o_proj.weight", "out_proj.weight", "down_proj", "down_proj.weight")
+    head_o = "mtp.layers.0.self_attn.o_proj.weight"
     for name, x in list(t.items()):
-        if name.endswith(zero):
+        if name.endswith(zero) and not (head_attention and name == head_o):
             t[name] = Tensor(x.dtype, x.shape, bytes(len(x.data)))
+    if head_attention:
+        t[head_o] = Tensor.from_array("BF16", (t[head_o].floats() * head_attention).view(np.uint32) >> 16)
     t["lm_head.weight"] = t["model.language_model.embed_tokens.weight"]
     H = t["mtp.fc.weight"].shape[0]
     t["mtp.fc.weight"] = Tensor.from_array("BF16", np.hstack([np.eye(H), np.zeros((H, H))]).astype(np.float32)
@@ -216,11 +220,13 @@ def models(ckpt, tmp_path_factory):
     import lily
 
     rep = repeating_checkpoint(tmp_path_factory.mktemp("repeat") / "ckpt")
+    mixed = repeating_checkpoint(tmp_path_factory.mktemp("mixed") / "ckpt", head_attention=10.0)
     return {"random": lily.Model.load(str(ckpt["mlx"]), device="cpu", mtp=True),
-            "repeat": lily.Model.load(str(rep), device="cpu", mtp=True)}
+            "repeat": lily.Model.load(str(rep), device="cpu", mtp=True),
+            "mixed": lily.Model.load(str(mixed), device="cpu", mtp=True)}
 
 
-@pytest.mark.parametrize("name", ["random", "repeat"])
+@pytest.mark.parametrize("name", ["random", "repeat", "mixed"])
 @pytest.mark.parametrize("drafts", [1, 2, 3])
 @pytest.mark.parametrize("max_tokens", [1, 2, 6, 37])
 def test_speculative_generate_is_plain_greedy(models, name, drafts, max_tokens):
@@ -237,7 +243,7 @@ def test_speculative_generate_is_plain_greedy(models, name, drafts, max_tokens):
         assert got.tokens_per_round == drafts + 1  # every round keeps its drafts and one more
 
 
-@pytest.mark.parametrize("name", ["random", "repeat"])
+@pytest.mark.parametrize("name", ["random", "repeat", "mixed"])
 @pytest.mark.parametrize("end", ["stop id", "context"])
 def test_speculation_ends_where_plain_decoding_does(models, name, end):
     """A stop id the plain output reaches, or a context that ends mid-round; the speculative
@@ -258,6 +264,16 @@ def test_speculation_ends_where_plain_decoding_does(models, name, end):
         return sum((p.token_ids for p in pieces), []) + more, reason, s.tokens
 
     assert run("mtp", True) == run(None, False)
+
+
+def test_rounds_keep_some_drafts(models):
+    """The mixed head's drafts are right some of the time: rounds keep 1 to k of them, and
+    the tokens stay plain greedy decoding's."""
+    m = models["mixed"]
+    want = m.generate(PROMPT.tolist(), max_tokens=100, ignore_eos=True)
+    got = m.generate(PROMPT.tolist(), max_tokens=100, ignore_eos=True, speculative="mtp", draft_tokens=3)
+    assert got.token_ids == want.token_ids
+    assert 0.1 < got.draft_acceptance < 0.9 and 1.3 < got.tokens_per_round < 3.7
 
 
 def test_speculation_stops_at_stop_strings(models):
