@@ -7,8 +7,12 @@ Measures, after a prompt of --context tokens (BENCHMARK.md's token formula):
 - greedy speculation, rounds of verify + keep_verified with k = 1..3 drafts a round, by two
   injected drafters: an oracle (the true greedy continuation: every draft accepted, the
   upper bound) and an always-wrong one (every draft rejected, the lower bound). Both must
-  reproduce plain greedy decoding's tokens exactly; their effective tok/s are reported.
-Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--json OUT]
+  reproduce plain greedy decoding's tokens exactly; their effective tok/s are reported;
+- with --mtp, the checkpoint's MTP head (random, so its drafts are almost never right: the
+  real draft cost's lower bound) in sessions made with it: plain decode with the head's
+  cache following, the draft step of n = 1..3 drafts (ms), and generate() with k = 1..3
+  drafts a round (the same tokens as plain greedy decoding).
+Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--mtp] [--json OUT]
 With a timeline build (LILY_CUDA_TIMELINE_OUT set), --timeline-rows T runs only a plain
 generate() (call 0 of the file) and then --tokens verify steps of T rows, which the closing
 one-token generate() dumps as call 1: benchmarks/ops/decode_timeline.py FILE --call 1.
@@ -43,19 +47,51 @@ def speculate(engine, base, first: int, truth: list[int], k: int, oracle: bool, 
     return out[:len(truth)], time.perf_counter() - t0, rounds
 
 
+def mtp_steps(engine, context: int, vocab: int, truth: list[int]) -> dict:
+    """The MTP head's costs in a session made with it, after the same prompt."""
+    engine.use_mtp = True
+    base = engine.new_session(context + 8 * len(truth) + 16)
+    engine.use_mtp = False
+    first = int(np.argmax(engine.forward(base, benchmark_tokens(context, vocab))))
+    for _ in range(2):
+        stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [])
+        plain = stream.drain()
+    out = {"plain_decode_tok_s": (len(truth) - 1) / stream.decode_seconds, "plain_same_tokens": plain == truth}
+    out["draft_ms"] = {}
+    for n in (1, 2, 3):
+        s = engine.clone(base)
+        for _ in range(3):
+            engine.draft(s, first, n)
+        t0 = time.perf_counter()
+        for _ in range(len(truth)):
+            engine.draft(s, first, n)
+        out["draft_ms"][n] = 1e3 * (time.perf_counter() - t0) / len(truth)
+    out["speculative"] = []
+    for k in (1, 2, 3):
+        for _ in range(2):
+            stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [], draft_tokens=k)
+            got = stream.drain()
+        rounds, drafted, accepted, _ = stream.speculation
+        out["speculative"].append({"drafts": k, "tok_s": (len(truth) - 1) / stream.decode_seconds,
+                                   "acceptance": accepted / max(drafted, 1), "rounds": rounds,
+                                   "same_tokens_as_plain": got == truth})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--json")
     ap.add_argument("--timeline-rows", type=int, choices=range(1, 5), metavar="T")
+    ap.add_argument("--mtp", action="store_true", help="also measure the MTP head's steps")
     args = ap.parse_args()
     config = synthetic.config_35b()
     vocab = int(config["vocab_size"])
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config))
-        engine = _lily.Engine.random(str(path), "cuda", 0, 0)
+        engine = _lily.Engine.random(str(path), "cuda", 0, 0, "plain", args.mtp)
     print(f"engine: {engine.device}, {engine.weight_bytes / 2**30:.1f} GiB of weights", flush=True)
     room = args.context + 8 * args.tokens + 16
     base = engine.new_session(room)
@@ -101,6 +137,8 @@ def main() -> None:
             spec.append({"drafts": k, "drafter": "oracle" if oracle else "always wrong", "tok_s": len(truth) / secs,
                          "tokens_per_round": len(truth) / rounds, "same_tokens_as_plain": got == truth})
     rows["speculation"] = spec
+    if args.mtp:
+        rows["mtp"] = mtp_steps(engine, args.context, vocab, truth)
     print(json.dumps(rows), flush=True)
     print(f"plain decode {rows['plain_decode_tok_s']:.1f} tok/s at {args.context}")
     for T in step_ms:
@@ -108,6 +146,13 @@ def main() -> None:
     for r in spec:
         print(f"k={r['drafts']} {r['drafter']:>12}: {r['tok_s']:.1f} tok/s, {r['tokens_per_round']:.2f} tokens a round, "
               f"same tokens: {r['same_tokens_as_plain']}")
+    if args.mtp:
+        m = rows["mtp"]
+        print(f"MTP session: plain decode {m['plain_decode_tok_s']:.1f} tok/s; draft n=1..3 "
+              + " / ".join(f"{v:.3f}" for v in m["draft_ms"].values()) + " ms")
+        for r in m["speculative"]:
+            print(f"k={r['drafts']} MTP head: {r['tok_s']:.1f} tok/s, acceptance {r['acceptance']:.3f}, "
+                  f"same tokens: {r['same_tokens_as_plain']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

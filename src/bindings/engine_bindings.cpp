@@ -142,8 +142,7 @@ class PyEngine {
   bool use_mtp() const { return state_->executor->use_mtp; }
   void set_use_mtp(bool on) {
     if (on && !state_->weights->has_mtp) fail("use_mtp: the checkpoint has no MTP head");
-    if (on && !state_->executor->supports_mtp())
-      fail("use_mtp: the ", state_->executor->device_name(), " executor has no MTP head yet (speculative decoding runs on cpu)");
+    if (std::string why; on && !state_->executor->supports_mtp(&why)) fail("use_mtp: ", why);
     std::lock_guard<std::mutex> busy(state_->busy);
     state_->executor->use_mtp = on;
   }

@@ -109,6 +109,9 @@ void Executor::draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float
   if (n < 1 || n >= kMaxVerifyTokens)
     fail("draft: ", std::to_string(n), " drafts asked for; a verify step takes 1 to ", std::to_string(kMaxVerifyTokens - 1));
   if (s.position() == 0) fail("draft: the session holds no token yet (drafting continues a fed position)");
+  if (s.position() - 1 + n > s.max_context)
+    fail("draft: ", std::to_string(n), " drafts at position ", std::to_string(s.position()),
+         " would pass the session's context of ", std::to_string(s.max_context), " positions");
   if (s.pending >= 0 && next != s.pending)
     fail("draft: the session's pending token ", std::to_string(s.pending), " must be the one drafted after, not ",
          std::to_string(next));
@@ -118,7 +121,7 @@ void Executor::draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float
 }
 
 void Executor::draft_step(Session&, int32_t, int64_t, int32_t*, float*, int64_t) {
-  fail("draft: the ", device_name(), " executor has no MTP head yet");  // supports_mtp() keeps sessions off it
+  fail("draft: the ", device_name(), " executor has no MTP head");  // supports_mtp() keeps sessions off it
 }
 
 // Each step runs when queued, on the host: feed the token (forward_chunk), then sample

@@ -102,7 +102,11 @@ class Executor {
   // choice among ids < vocab_limit (0: all) of the head, fed back with the head's output for
   // the next (recursive drafts), with their logits [n, V] when non-null; s is left as it was.
   bool use_mtp = false;
-  virtual bool supports_mtp() const { return false; }
+  // Whether this executor runs the head of these weights; if not, why in *why.
+  virtual bool supports_mtp(std::string* why = nullptr) const {
+    if (why) *why = "the " + device_name() + " executor has no MTP head";
+    return false;
+  }
   void draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits = nullptr, int64_t vocab_limit = 0);
 
   // Snapshots: an independent copy of the session's state with room for `capacity`

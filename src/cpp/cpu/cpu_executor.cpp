@@ -51,7 +51,7 @@ class CpuExecutor : public Executor {
   using Executor::Executor;
 
   std::string device_name() const override { return "cpu"; }
-  bool supports_mtp() const override { return true; }
+  bool supports_mtp(std::string*) const override { return true; }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
     if (max_context <= 0) fail("new_session: max_context must be positive, got ", std::to_string(max_context));

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kAttnMergeWarps * 32) attention_merge_kernel(A
   const int hq = blockIdx.x, row = blockIdx.y, G = a.Hq / a.Hkv, g = hq / G, h = hq % G;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float w_s[kAttnMaxSplits], red[kAttnMergeWarps][D], total[1];
-  const int L = __ldcg(a.pos) + row + 1;
+  const int L = __ldcg(a.pos) + a.pos_offset + row + 1;
   const float* qkv = a.qkv + static_cast<size_t>(row) * attention_qkv_floats(a);
   const float gate = threadIdx.x < D ? __ldcg(qkv + static_cast<size_t>(hq) * 2 * D + D + threadIdx.x) : 0.0f;
   if (wait_halted(halt)) return;

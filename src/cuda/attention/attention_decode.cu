@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a, cons
   __shared__ float m_s[kWarps][kWarps], l_s[kWarps][kWarps], head_m[kWarps], head_l[kWarps];
 
   if (wait_halted(halt)) return;
-  const int pos = *a.pos, L = pos + 1;
+  const int pos = *a.pos + a.pos_offset, L = pos + 1;
   const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
   const float* kv_in = a.qkv + static_cast<size_t>(a.Hq) * 2 * D;

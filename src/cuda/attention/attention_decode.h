@@ -22,7 +22,8 @@ struct AttnArgs {
   uint16_t* v_cache = nullptr;      // bf16 [ctx][Hkv][D]
   float* partial = nullptr;         // [rows][Hkv][max_splits][G][D + 2] split results
   float* out = nullptr;             // [rows][Hq * D]
-  const int* pos = nullptr;         // position of this token (context = pos + 1)
+  const int* pos = nullptr;         // position of this token (context = pos + 1) is *pos + pos_offset
+  int pos_offset = 0;               // the MTP head's rows sit behind the trunk's (step/mtp_step.h)
   const float* inv_freq = nullptr;  // [rot_dim / 2] RoPE inverse frequencies (rope_inv_freq)
   int Hq = 0, Hkv = 0, D = 0, rot_dim = 0;
   float eps = 1e-6f;

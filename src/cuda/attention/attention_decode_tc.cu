@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(AttnArgs a, c
   // pos and the cached keys before it were written a step ago or earlier, so the first
   // tiles stream before the wait on the QKV projection (attention_decode.h); a block past
   // the live splits may leave at once (those of split 0 always wait).
-  const int pos = __ldcg(a.pos), p = pos + row, L = p + 1;
+  const int pos = __ldcg(a.pos) + a.pos_offset, p = pos + row, L = p + 1;
   const auto [chunk, n_splits, start, end] = split_range(a, L, split);
   if (split >= n_splits) return;
   const int n_tiles = (end - start + kKeys - 1) / kKeys;

@@ -80,8 +80,11 @@ void attention_prep_prefill(const AttnPrefillArgs& a, uint16_t* q_out, cudaStrea
   if (a.ldp < (a.Hq * 2 + a.Hkv * 2) * a.D || a.ldp % 4 != 0)
     fail("attention_prefill: proj row stride ", to_string(a.ldp), " must be a multiple of 4 and hold ",
          to_string((a.Hq * 2 + a.Hkv * 2) * a.D), " values");
-  if (!a.proj || !a.q_norm || !a.k_norm || !a.inv_freq || !a.k_cache || !a.v_cache || !q_out)
-    fail("attention_prefill: null pointer among proj, q_norm, k_norm, inv_freq, k_cache, v_cache, queries");
+  std::string null;
+  for (auto [p, name] : {std::pair<const void*, const char*>{a.proj, "proj"}, {a.q_norm, "q_norm"}, {a.k_norm, "k_norm"},
+                         {a.inv_freq, "inv_freq"}, {a.k_cache, "k_cache"}, {a.v_cache, "v_cache"}, {q_out, "queries"}})
+    if (!p) null += std::string(null.empty() ? "" : ", ") + name;
+  if (!null.empty()) fail("attention_prefill: null pointer: ", null);
   if (misaligned(a.proj, 16) || misaligned(a.k_cache, 16) || misaligned(a.v_cache, 16) || misaligned(q_out, 16))
     fail("attention_prefill: proj, k_cache, v_cache and the scratch must be 16-byte aligned");
   const int warps = a.T * (a.Hq + a.Hkv);

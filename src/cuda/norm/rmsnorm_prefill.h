@@ -8,8 +8,9 @@
 
 namespace lily::cuda {
 
-// h: [T][H] fp32, H % 4 == 0; w: [H]; xb: [T][H] bf16; xf: [T][H] fp32 or nullptr.
+// h: [T][H] fp32, H % 4 == 0; w: [H]; xb: [T][ld] bf16 or nullptr; xf: [T][ld] fp32 or nullptr;
+// ld: the outputs' row stride (0: H; the MTP head's input is two norms side by side).
 void rmsnorm_prefill(const float* h, const float* w, int T, int H, float eps, uint16_t* xb, float* xf,
-                  cudaStream_t stream);
+                     cudaStream_t stream, int ld = 0);
 
 }  // namespace lily::cuda

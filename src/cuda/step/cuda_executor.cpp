@@ -11,6 +11,7 @@
 #include <map>
 
 #include "step/decode_step.h"
+#include "step/mtp_step.h"
 #include "gated_delta/gated_delta_decode.h"
 #include "common/launch_options.h"
 #include "head/lm_head.h"
@@ -30,6 +31,7 @@ enum class Graph : int {
   Step,    // feed slot p, logits[1-p], choose into slot 1-p
   Choose,  // choose from logits[p] into slot p
   Verify,  // feed the workspace's `rows` step tokens from state p, their logits and argmax below `limit`
+  Draft,   // `rows` MTP drafts after the workspace's draft token from state p, argmax below `limit`
 };
 
 struct GraphKey {
@@ -37,7 +39,8 @@ struct GraphKey {
   int parity;
   Choice how;     // the token choice (Step, Choose)
   int rows = 1;   // Verify: tokens fed
-  int limit = 0;  // Verify: the argmax's vocabulary limit
+  int limit = 0;  // Verify, Draft: the argmax's vocabulary limit
+  int skip = 0;   // feeding steps of an MTP session at its first position: the head has no row before it
   auto operator<=>(const GraphKey&) const = default;
 };
 
@@ -45,8 +48,9 @@ static_assert(kMaxVerifyTokens == kMaxStepRows, "a verify is one decode step of 
 
 class CudaSession : public Session {
  public:
-  CudaSession(const ModelConfig& c, int64_t ctx) {
+  CudaSession(const ModelConfig& c, int64_t ctx, bool with_mtp) {
     max_context = ctx;
+    mtp = with_mtp;
     dev.ctx = static_cast<int>(ctx);
     const size_t kv_bytes = static_cast<size_t>(ctx) * c.attn_kv_dim() * 2;
     const size_t ring_floats = kGdnRingRows * static_cast<size_t>(c.gdn_conv_dim());
@@ -61,6 +65,12 @@ class CudaSession : public Session {
       }
     }
     for (int p = 0; p < 2; ++p) dev.logits[p] = alloc(c.vocab_size * 4, "logits", true).as<float>();
+    if (mtp) {
+      dev.mtp_k = alloc(kv_bytes, "MTP KV cache", false).as<uint16_t>();
+      dev.mtp_v = alloc(kv_bytes, "MTP KV cache", false).as<uint16_t>();
+      for (int p = 0; p < 2; ++p)
+        dev.mtp_hidden[p] = alloc((kMaxStepRows + 1) * c.hidden_size * 4, "MTP states", true).as<float>();
+    }
     dev.pos = alloc(sizeof(int), "position", true).as<int>();
     kv_row_bytes = static_cast<size_t>(c.attn_kv_dim()) * 2;
     ring_bytes = ring_floats * 4;
@@ -130,12 +140,13 @@ class CudaExecutor : public Executor {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     dw_ = std::make_unique<DeviceWeights>(*weights_, opt.cuda_tensor_cores);
-    ws_ = std::make_unique<Workspace>(weights_->config, opt.cuda_attn_tc, opt.cuda_attn_split_keys);
+    ws_ = std::make_unique<Workspace>(weights_->config, opt.cuda_attn_tc, opt.cuda_attn_split_keys, dw_->has_mtp);
     reserve_staging(64);
     prefill_chunk = opt.prefill_chunk;
     prefill_min_ = opt.prefill_min_tokens;
     popt_ = PrefillOptions::from(opt, weights_->config);
     verify_rows_ = verify_rows_limit(weights_->config, *dw_, *ws_, &verify_why_);
+    mtp_why_ = mtp_unsupported(weights_->config, *dw_, verify_rows_);
     if (!opt.cuda_prefill)
       prefill_route_ = "token by token (LILY_CUDA_PREFILL=0)";
     else if (std::string why; !prefill_supported(weights_->config, *dw_, &why))
@@ -159,16 +170,20 @@ class CudaExecutor : public Executor {
     return verify_rows_;
   }
   std::string prefill_route() const override { return prefill_route_; }
+  bool supports_mtp(std::string* why) const override {
+    if (why) *why = mtp_why_;
+    return mtp_why_.empty();
+  }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
-    return std::make_unique<CudaSession>(weights_->config, max_context);
+    return std::make_unique<CudaSession>(weights_->config, max_context, use_mtp);
   }
 
   std::unique_ptr<Session> clone(const Session& src, int64_t capacity) override {
     check_clone_capacity(src, capacity);
     check(cudaSetDevice(device_), "cudaSetDevice");
-    auto dst = std::make_unique<CudaSession>(weights_->config, capacity);
+    auto dst = std::make_unique<CudaSession>(weights_->config, capacity, src.mtp);
     copy_session(*dst, cs(src));
     return dst;
   }
@@ -186,11 +201,14 @@ class CudaExecutor : public Executor {
   void verify_step(Session& s, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
                    int64_t vocab_limit) override;
   void keep_step(Session& s, int64_t n, int64_t m) override;
+  void draft_step(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits, int64_t vocab_limit) override;
 
  private:
   class Steps;
   cudaGraphExec_t graph(CudaSession& s, GraphKey key);
   void run(cudaGraphExec_t g) { check(cudaGraphLaunch(g, stream_), "cudaGraphLaunch (decode step)"); }
+  // A feeding step's body: `rows` tokens through the trunk, then the MTP head's rows.
+  void enqueue_feed(const CudaSession& s, int p, const int* tokens, int rows, int skip);
   void copy_session(CudaSession& dst, const CudaSession& src);
   void prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits);
   void reserve_staging(int64_t n);
@@ -215,6 +233,7 @@ class CudaExecutor : public Executor {
   int prefill_min_ = 2;  // shorter feeds run through the decode step
   int verify_rows_ = 0;  // the most tokens a verify step takes (verify_rows_limit), and why no more
   std::string verify_why_;
+  std::string mtp_why_;  // why this executor cannot run the checkpoint's MTP head; empty when it can
   MappedHostBuffer kept_pos_{sizeof(int)};  // keep_step's new position
   PrefillOptions popt_;
   std::unique_ptr<PrefillWorkspace> pws_;
@@ -237,17 +256,18 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, GraphKey key) {
   check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   try {
     switch (key.kind) {
-      case Graph::Body: enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->tok_slots + p, 1, stream_); break;
+      case Graph::Body: enqueue_feed(s, p, ws_->tok_slots + p, 1, key.skip); break;
       case Graph::Logits: enqueue_head(c, *dw_, *ws_, s.dev, p, true, false, how, stream_); break;
       case Graph::Step:
-        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->tok_slots + p, 1, stream_);
+        enqueue_feed(s, p, ws_->tok_slots + p, 1, 0);
         enqueue_head(c, *dw_, *ws_, s.dev, 1 - p, true, true, how, stream_);
         break;
       case Graph::Choose: enqueue_head(c, *dw_, *ws_, s.dev, p, false, true, how, stream_); break;
       case Graph::Verify:
-        enqueue_body(c, *dw_, *ws_, s.dev, p, ws_->step_tokens, key.rows, stream_);
+        enqueue_feed(s, p, ws_->step_tokens, key.rows, key.skip);
         enqueue_verify_head(c, *dw_, *ws_, s.dev, key.rows, key.limit, stream_);
         break;
+      case Graph::Draft: enqueue_mtp_draft(c, *dw_, *ws_, s.dev, p, key.rows, key.limit, stream_); break;
     }
   } catch (...) {
     cudaStreamEndCapture(stream_, &g);
@@ -263,6 +283,11 @@ cudaGraphExec_t CudaExecutor::graph(CudaSession& s, GraphKey key) {
   return exec;
 }
 
+void CudaExecutor::enqueue_feed(const CudaSession& s, int p, const int* tokens, int rows, int skip) {
+  enqueue_body(weights_->config, *dw_, *ws_, s.dev, p, tokens, rows, stream_);
+  if (s.mtp) enqueue_mtp_follow(weights_->config, *dw_, *ws_, s.dev, p, tokens, rows, skip, stream_);
+}
+
 // One chunk through prefill_step: tokens up, every layer over the chunk, the new
 // position written, then the last row's logits (and, teacher-forced, every row's).
 void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int T, int pos0, float* last_logits, float* all_logits) {
@@ -272,7 +297,8 @@ void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int T, int pos
     pws_.reset();
     int cap = 64;
     while (cap < T) cap *= 2;
-    pws_ = std::make_unique<PrefillWorkspace>(c, static_cast<int>(std::min<int64_t>(cap, std::max<int64_t>(prefill_chunk, T))), popt_);
+    pws_ = std::make_unique<PrefillWorkspace>(c, static_cast<int>(std::min<int64_t>(cap, std::max<int64_t>(prefill_chunk, T))), popt_,
+                                              dw_->has_mtp);
   }
   reserve_staging(n + 1);
   std::copy(tokens, tokens + n, staging_);
@@ -297,6 +323,7 @@ void CudaExecutor::prefill(CudaSession& s, const int32_t* tokens, int T, int pos
   h.partial = ws_->head_partial;
   h.counter = ws_->head_counter;
   lm_head(h, nullptr, stream_);
+  if (s.mtp) enqueue_mtp_prefill(c, *dw_, *pws_, popt_, s.dev, s.parity, pos0, T, stream_);
   check(cudaMemcpyAsync(last_logits, s.dev.logits[s.parity], V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (logits)");
   check(cudaStreamSynchronize(stream_), "prefill");
 }
@@ -317,16 +344,19 @@ void CudaExecutor::forward_chunk(Session& base, const int32_t* tokens, int64_t n
     return;
   }
   const int64_t V = weights_->config.vocab_size;
+  // An MTP session's first token: the head has no row before it.
+  auto body = [&](int64_t i) { return GraphKey{Graph::Body, s.parity, Choice::Greedy, 1, 0, s.mtp && s.position() + i == 0}; };
   for (int p = 0; p < 2; ++p) {  // capture before anything is queued
     graph(s, {Graph::Body, p, Choice::Greedy});
     graph(s, {Graph::Logits, p, Choice::Greedy});
   }
+  graph(s, body(0));
   reserve_staging(n);
   std::copy(tokens, tokens + n, staging_);
   for (int64_t i = 0; i < n; ++i) {
     check(cudaMemcpyAsync(ws_->tok_slots + s.parity, staging_ + i, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (token)");
-    run(graph(s, {Graph::Body, s.parity, Choice::Greedy}));
+    run(graph(s, body(i)));
     s.parity ^= 1;
     if (all_logits) {
       run(graph(s, {Graph::Logits, s.parity, Choice::Greedy}));
@@ -348,7 +378,8 @@ void CudaExecutor::verify_step(Session& base, const int32_t* tokens, int64_t n, 
   check(cudaSetDevice(device_), "cudaSetDevice");
   const int64_t V = weights_->config.vocab_size;
   s.reserve_verify(weights_->config);
-  cudaGraphExec_t g = graph(s, {Graph::Verify, s.parity, Choice::Greedy, static_cast<int>(n), static_cast<int>(vocab_limit)});
+  cudaGraphExec_t g = graph(s, {Graph::Verify, s.parity, Choice::Greedy, static_cast<int>(n), static_cast<int>(vocab_limit),
+                                s.mtp && s.position() == 0});
   reserve_staging(n);
   std::copy(tokens, tokens + n, staging_);
   check(cudaMemcpyAsync(ws_->step_tokens, staging_, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
@@ -381,9 +412,32 @@ void CudaExecutor::keep_step(Session& base, int64_t n, int64_t m) {
           "cudaMemcpyAsync (verify state)");
   check(cudaMemcpyAsync(s.dev.logits[s.parity], s.dev.verify_logits + (m - 1) * V, V * 4, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync (logits)");
+  if (s.mtp)  // the head's state after row m - 1 (the verify wrote its rows on the other parity)
+    check(cudaMemcpyAsync(s.dev.mtp_hidden[s.parity], s.dev.mtp_hidden[1 - s.parity] + m * weights_->config.hidden_size,
+                          weights_->config.hidden_size * 4, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync (MTP state)");
   *kept_pos_.host<int>() = static_cast<int>(s.position() - (n - m));
   check(cudaMemcpyAsync(s.dev.pos, kept_pos_.host<int>(), sizeof(int), cudaMemcpyHostToDevice, stream_),
         "cudaMemcpyAsync (position)");
+}
+
+// Drafts: one graph of n head steps from the current state (mtp_step.h), one host wait.
+void CudaExecutor::draft_step(Session& base, int32_t next, int64_t n, int32_t* drafts, float* logits, int64_t vocab_limit) {
+  CudaSession& s = cs(base);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  const int64_t V = weights_->config.vocab_size;
+  cudaGraphExec_t g = graph(s, {Graph::Draft, s.parity, Choice::Greedy, static_cast<int>(n), static_cast<int>(vocab_limit)});
+  reserve_staging(kMaxStepRows);
+  staging_[0] = next;
+  check(cudaMemcpyAsync(ws_->draft_tokens, staging_, sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (draft token)");
+  run(g);
+  check(cudaMemcpyAsync(staging_, ws_->draft_tokens + 1, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (drafts)");
+  if (logits)
+    check(cudaMemcpyAsync(logits, ws_->draft_logits, n * V * 4, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (draft logits)");
+  check(cudaStreamSynchronize(stream_), "draft");
+  std::copy(staging_, staging_ + n, drafts);
 }
 
 void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) {
@@ -574,6 +628,11 @@ void CudaExecutor::copy_session(CudaSession& dst, const CudaSession& src) {
     copy(dst.dev.state[src.parity][l], src.dev.state[src.parity][l], src.state_bytes);
   }
   copy(dst.dev.logits[src.parity], src.dev.logits[src.parity], weights_->config.vocab_size * 4);
+  if (src.mtp) {  // check_restore and clone keep both sessions' MTP setting equal
+    copy(dst.dev.mtp_k, src.dev.mtp_k, kv);
+    copy(dst.dev.mtp_v, src.dev.mtp_v, kv);
+    copy(dst.dev.mtp_hidden[src.parity], src.dev.mtp_hidden[src.parity], weights_->config.hidden_size * 4);
+  }
   copy(dst.dev.pos, src.dev.pos, sizeof(int));
   check(cudaStreamSynchronize(stream_), "session copy");
   dst.tokens = src.tokens;

@@ -101,57 +101,66 @@ DeviceWeights::DeviceWeights(const ModelWeights& w, bool tensor_cores_) : tensor
   embed = upload_stack({w.embed}, "embed_tokens");
   lm_head = upload_stack({w.lm_head}, "lm_head", tiles_if_eligible(w.lm_head));
   final_norm = upload_dense(w.final_norm, "norm");
-  if (c.num_full_layers() > 0) rope_inv_freq = upload_floats(lily::cuda::rope_inv_freq(c.rope_theta, c.rotary_dim()), "rope");
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& L = w.layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
-    DeviceLayer d;
-    d.kind = L.kind;
-    d.input_norm = upload_dense(L.input_norm, p + "input_layernorm");
-    d.post_norm = upload_dense(L.post_norm, p + "post_attention_layernorm");
-    if (L.kind == LayerKind::Linear) {
-      const GdnWeights& g = L.gdn;
-      d.gdn_in = upload_stack({g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a}, p + "linear_attn.in_proj",
-                              tiles_if_eligible(g.in_proj_qkv));
-      d.gdn_out = upload_stack({g.out_proj}, p + "linear_attn.out_proj", tiles_if_eligible(g.out_proj));
-      d.conv_w = upload_dense(g.conv1d, p + "linear_attn.conv1d");
-      d.dt_bias = upload_dense(g.dt_bias, p + "linear_attn.dt_bias");
-      std::vector<float> neg_a(g.A_log.values.size());
-      for (size_t j = 0; j < neg_a.size(); ++j) neg_a[j] = static_cast<float>(-std::exp(double(g.A_log.values[j])));
-      d.neg_A = upload_floats(neg_a, p + "linear_attn.A_log");
-      d.gdn_norm = upload_dense(g.norm, p + "linear_attn.norm");
-    } else {
-      const AttnWeights& a = L.attn;
-      d.attn_in = upload_stack({a.q_proj, a.k_proj, a.v_proj}, p + "self_attn.qkv_proj", tiles_if_eligible(a.q_proj));
-      d.attn_out = upload_stack({a.o_proj}, p + "self_attn.o_proj", tiles_if_eligible(a.o_proj));
-      d.q_norm = upload_dense(a.q_norm, p + "self_attn.q_norm");
-      d.k_norm = upload_dense(a.k_norm, p + "self_attn.k_norm");
-    }
-    const MoeWeights& m = L.moe;
-    d.router = upload_stack({m.router, m.shared_expert_gate}, p + "mlp.gate");
-    std::vector<QWeight> gate_up;
-    gate_up.reserve(2 * m.gate_proj.experts);
-    for (int64_t e = 0; e < m.gate_proj.experts; ++e) {
-      gate_up.push_back(m.gate_proj.expert(e));
-      gate_up.push_back(m.up_proj.expert(e));
-    }
-    // Experts go to the tensor cores only all together (the MoE kernels take one path).
-    const int I = static_cast<int>(c.moe_intermediate_size), Is = static_cast<int>(c.shared_expert_intermediate_size);
-    const int pairs = static_cast<int>(c.num_experts_per_tok) * (I / 64) + Is / 64;
-    const bool tile = tiles_if_eligible(m.gate_proj) == Layout::Tiles && tiles_if_eligible(m.shared_gate_proj) == Layout::Tiles &&
-                      tiles_if_eligible(m.down_proj) == Layout::Tiles && tiles_if_eligible(m.shared_down_proj) == Layout::Tiles &&
-                      c.hidden_size % 16 == 0 && pairs <= 80;
-    const Layout gu = tile ? Layout::GateUpTiles : Layout::Mlx, rows = tile ? Layout::Tiles : Layout::Mlx;
-    d.experts.gate_up = upload_stack(gate_up, p + "mlp.experts.gate_up", gu, I);
-    d.experts.down = upload_stack({m.down_proj}, p + "mlp.experts.down_proj", rows);
-    d.experts.shared_gate_up =
-        upload_stack({m.shared_gate_proj, m.shared_up_proj}, p + "mlp.shared_expert.gate_up", gu, Is);
-    d.experts.shared_down = upload_stack({m.shared_down_proj}, p + "mlp.shared_expert.down_proj", rows);
-    d.experts.n_experts = static_cast<int>(c.num_experts);
-    d.experts.inter = static_cast<int>(c.moe_intermediate_size);
-    d.experts.shared_inter = static_cast<int>(c.shared_expert_intermediate_size);
-    layers.push_back(d);
+  if (c.num_full_layers() > 0 || w.has_mtp) rope_inv_freq = upload_floats(lily::cuda::rope_inv_freq(c.rope_theta, c.rotary_dim()), "rope");
+  for (size_t i = 0; i < w.layers.size(); ++i)
+    layers.push_back(upload_layer(c, w.layers[i], "layers." + std::to_string(i) + "."));
+  if (w.has_mtp) {
+    has_mtp = true;
+    mtp.fc = upload_stack({w.mtp.fc}, "mtp.fc", tiles_if_eligible(w.mtp.fc));
+    mtp.norm_embed = upload_dense(w.mtp.pre_fc_norm_embedding, "mtp.pre_fc_norm_embedding");
+    mtp.norm_hidden = upload_dense(w.mtp.pre_fc_norm_hidden, "mtp.pre_fc_norm_hidden");
+    mtp.norm = upload_dense(w.mtp.norm, "mtp.norm");
+    mtp.layer = upload_layer(c, w.mtp.layer, "mtp.layers.0.");
   }
+}
+
+DeviceLayer DeviceWeights::upload_layer(const ModelConfig& c, const LayerWeights& L, const std::string& p) {
+  DeviceLayer d;
+  d.kind = L.kind;
+  d.input_norm = upload_dense(L.input_norm, p + "input_layernorm");
+  d.post_norm = upload_dense(L.post_norm, p + "post_attention_layernorm");
+  if (L.kind == LayerKind::Linear) {
+    const GdnWeights& g = L.gdn;
+    d.gdn_in = upload_stack({g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a}, p + "linear_attn.in_proj",
+                            tiles_if_eligible(g.in_proj_qkv));
+    d.gdn_out = upload_stack({g.out_proj}, p + "linear_attn.out_proj", tiles_if_eligible(g.out_proj));
+    d.conv_w = upload_dense(g.conv1d, p + "linear_attn.conv1d");
+    d.dt_bias = upload_dense(g.dt_bias, p + "linear_attn.dt_bias");
+    std::vector<float> neg_a(g.A_log.values.size());
+    for (size_t j = 0; j < neg_a.size(); ++j) neg_a[j] = static_cast<float>(-std::exp(double(g.A_log.values[j])));
+    d.neg_A = upload_floats(neg_a, p + "linear_attn.A_log");
+    d.gdn_norm = upload_dense(g.norm, p + "linear_attn.norm");
+  } else {
+    const AttnWeights& a = L.attn;
+    d.attn_in = upload_stack({a.q_proj, a.k_proj, a.v_proj}, p + "self_attn.qkv_proj", tiles_if_eligible(a.q_proj));
+    d.attn_out = upload_stack({a.o_proj}, p + "self_attn.o_proj", tiles_if_eligible(a.o_proj));
+    d.q_norm = upload_dense(a.q_norm, p + "self_attn.q_norm");
+    d.k_norm = upload_dense(a.k_norm, p + "self_attn.k_norm");
+  }
+  const MoeWeights& m = L.moe;
+  d.router = upload_stack({m.router, m.shared_expert_gate}, p + "mlp.gate");
+  std::vector<QWeight> gate_up;
+  gate_up.reserve(2 * m.gate_proj.experts);
+  for (int64_t e = 0; e < m.gate_proj.experts; ++e) {
+    gate_up.push_back(m.gate_proj.expert(e));
+    gate_up.push_back(m.up_proj.expert(e));
+  }
+  // Experts go to the tensor cores only all together (the MoE kernels take one path).
+  const int I = static_cast<int>(c.moe_intermediate_size), Is = static_cast<int>(c.shared_expert_intermediate_size);
+  const int pairs = static_cast<int>(c.num_experts_per_tok) * (I / 64) + Is / 64;
+  const bool tile = tiles_if_eligible(m.gate_proj) == Layout::Tiles && tiles_if_eligible(m.shared_gate_proj) == Layout::Tiles &&
+                    tiles_if_eligible(m.down_proj) == Layout::Tiles && tiles_if_eligible(m.shared_down_proj) == Layout::Tiles &&
+                    c.hidden_size % 16 == 0 && pairs <= 80;
+  const Layout gu = tile ? Layout::GateUpTiles : Layout::Mlx, rows = tile ? Layout::Tiles : Layout::Mlx;
+  d.experts.gate_up = upload_stack(gate_up, p + "mlp.experts.gate_up", gu, I);
+  d.experts.down = upload_stack({m.down_proj}, p + "mlp.experts.down_proj", rows);
+  d.experts.shared_gate_up =
+      upload_stack({m.shared_gate_proj, m.shared_up_proj}, p + "mlp.shared_expert.gate_up", gu, Is);
+  d.experts.shared_down = upload_stack({m.shared_down_proj}, p + "mlp.shared_expert.down_proj", rows);
+  d.experts.n_experts = static_cast<int>(c.num_experts);
+  d.experts.inter = static_cast<int>(c.moe_intermediate_size);
+  d.experts.shared_inter = static_cast<int>(c.shared_expert_intermediate_size);
+  return d;
 }
 
 }  // namespace lily::cuda

@@ -43,6 +43,16 @@ enum class Layout { Mlx, Tiles, GateUpTiles };
 QMat upload_qmat(const std::vector<QWeight>& parts, const std::string& what, Layout layout, int interleave,
                  std::vector<DeviceBuffer>& owned);
 
+// The MTP head (MODEL.md §7): fc over [rmsnorm(embed(next)) | rmsnorm(hidden)], one
+// full-attention decoder layer with its own KV cache, then norm before the shared lm_head.
+struct DeviceMtp {
+  QMat fc;                              // [H, 2H]: the embedding half of the input first
+  const float* norm_embed = nullptr;    // [H] pre_fc_norm_embedding
+  const float* norm_hidden = nullptr;   // [H] pre_fc_norm_hidden
+  const float* norm = nullptr;          // [H]
+  DeviceLayer layer;                    // kind Full
+};
+
 class DeviceWeights {
  public:
   DeviceWeights(const ModelWeights& w, bool tensor_cores);
@@ -53,6 +63,8 @@ class DeviceWeights {
   const float* final_norm = nullptr;
   const float* rope_inv_freq = nullptr;  // [rotary_dim / 2]
   std::vector<DeviceLayer> layers;
+  bool has_mtp = false;  // the checkpoint's MTP head is in mtp
+  DeviceMtp mtp;
   size_t bytes = 0;  // device memory held
   bool tensor_cores = true;  // 4-bit group-64 matrices tiled for the tensor-core GEMV (LILY_CUDA_TENSOR_CORES)
 
@@ -62,6 +74,7 @@ class DeviceWeights {
   QMat upload_stack(const std::vector<QWeight>& parts, const std::string& what, Layout layout = Layout::Mlx,
                     int interleave = 0);
   Layout tiles_if_eligible(const QWeight& w) const;
+  DeviceLayer upload_layer(const ModelConfig& c, const LayerWeights& L, const std::string& prefix);
   std::vector<DeviceBuffer> owned_;
 };
 

@@ -20,7 +20,7 @@ T* Workspace::alloc(size_t n, const char* what) {
   return owned_.back().as<T>();
 }
 
-Workspace::Workspace(const ModelConfig& c, bool attn_tc, int attn_split_keys)
+Workspace::Workspace(const ModelConfig& c, bool attn_tc, int attn_split_keys, bool mtp)
     : attn_tensor_cores(attn_tc), host_tokens(2 * sizeof(int)), min_chunk(attn_split_keys) {
   const size_t H = c.hidden_size, V = c.vocab_size, T = kMaxStepRows;
   const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
@@ -45,6 +45,13 @@ Workspace::Workspace(const ModelConfig& c, bool attn_tc, int attn_split_keys)
   seen = alloc<unsigned char>(V, "workspace seen tokens");
   step_tokens = alloc<int>(T, "workspace verify tokens");
   step_argmax = alloc<int>(T, "workspace verify argmax");
+  if (!mtp) return;
+  mtp_e = alloc<float>(T * H, "workspace MTP embeddings");
+  mtp_cat = alloc<float>(T * 2 * H, "workspace MTP input");
+  mtp_u = alloc<float>(T * H, "workspace MTP residual");
+  mtp_out = alloc<float>(T * H, "workspace MTP outputs");
+  draft_logits = alloc<float>(T * V, "workspace draft logits");
+  draft_tokens = alloc<int>(T, "workspace drafts");
 }
 
 int verify_rows_limit(const ModelConfig& c, const DeviceWeights& W, const Workspace& ws, std::string* why) {
@@ -141,47 +148,60 @@ void enqueue_body(const ModelConfig& c, const DeviceWeights& W, Workspace& ws, c
       qmatmul_decode(L.gdn_out, xo, {YMode::Add, ws.h}, halt, stream, rows);
       ++lin;
     } else {
-      qmatmul_decode(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream, rows);
-      AttnArgs a;
-      a.qkv = ws.proj;
-      a.q_norm = L.q_norm;
-      a.k_norm = L.k_norm;
-      a.k_cache = s.k_cache[full];
-      a.v_cache = s.v_cache[full];
-      a.partial = ws.attn_partial;
-      a.out = ws.mix;
-      a.pos = s.pos;
-      a.Hq = c.num_attention_heads;
-      a.Hkv = c.num_key_value_heads;
-      a.D = c.head_dim;
-      a.rot_dim = c.rotary_dim();
-      a.inv_freq = W.rope_inv_freq;
-      a.eps = eps;
-      a.max_splits = ws.max_splits;
-      a.min_chunk = ws.min_chunk;
-      if (ws.attn_tensor_cores)
-        attention_decode_tc(a, halt, stream, rows);
-      else if (rows == 1)
-        attention_decode(a, halt, stream);
-      else
-        fail("decode: several tokens a step need the tensor-core attention");  // verify_rows_limit refuses first
-      XSpec xo;
-      xo.x = ws.mix;
-      qmatmul_decode(L.attn_out, xo, {YMode::Add, ws.h}, halt, stream, rows);
+      enqueue_attention(c, W, L, ws, {s.k_cache[full], s.v_cache[full], s.pos, 0}, xin, ws.h, rows, stream);
       ++full;
     }
-    XSpec xm;
-    xm.mode = XMode::RmsNorm;
-    xm.x = ws.h;
-    xm.w = L.post_norm;
-    xm.eps = eps;
-    const int k = c.num_experts_per_tok;
-    const bool last = i + 1 == W.layers.size();
-    moe_router_decode(L.router, xm, c.num_experts, k, c.norm_topk_prob, {nullptr, ws.ids, ws.route_w, ws.shared_gate}, halt,
-               stream, kRouterMaxCluster, rows);
-    moe_gate_up_decode(L.experts, xm, ws.ids, k, ws.act, halt, stream, rows);
-    moe_down_decode(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, ws.h, last ? s.pos : nullptr, halt, stream, rows);
+    enqueue_moe(c, L, ws, ws.h, i + 1 == W.layers.size() ? s.pos : nullptr, rows, stream);
   }
+}
+
+void enqueue_attention(const ModelConfig& c, const DeviceWeights& W, const DeviceLayer& L, Workspace& ws,
+                       const AttnCache& cache, const XSpec& xin, float* y, int rows, cudaStream_t stream) {
+  const int* halt = &ws.ctl->halt;
+  qmatmul_decode(L.attn_in, xin, {YMode::Store, ws.proj}, halt, stream, rows);
+  AttnArgs a;
+  a.qkv = ws.proj;
+  a.q_norm = L.q_norm;
+  a.k_norm = L.k_norm;
+  a.k_cache = cache.k;
+  a.v_cache = cache.v;
+  a.partial = ws.attn_partial;
+  a.out = ws.mix;
+  a.pos = cache.pos;
+  a.pos_offset = cache.pos_offset;
+  a.Hq = c.num_attention_heads;
+  a.Hkv = c.num_key_value_heads;
+  a.D = c.head_dim;
+  a.rot_dim = c.rotary_dim();
+  a.inv_freq = W.rope_inv_freq;
+  a.eps = c.rms_norm_eps;
+  a.max_splits = ws.max_splits;
+  a.min_chunk = ws.min_chunk;
+  if (ws.attn_tensor_cores)
+    attention_decode_tc(a, halt, stream, rows);
+  else if (rows == 1)
+    attention_decode(a, halt, stream);
+  else
+    fail("decode: several tokens a step need the tensor-core attention");  // verify_rows_limit refuses first
+  if (!y) return;
+  XSpec xo;
+  xo.x = ws.mix;
+  qmatmul_decode(L.attn_out, xo, {YMode::Add, y}, halt, stream, rows);
+}
+
+void enqueue_moe(const ModelConfig& c, const DeviceLayer& L, Workspace& ws, float* h, int* pos, int rows,
+                 cudaStream_t stream) {
+  const int* halt = &ws.ctl->halt;
+  XSpec xm;
+  xm.mode = XMode::RmsNorm;
+  xm.x = h;
+  xm.w = L.post_norm;
+  xm.eps = c.rms_norm_eps;
+  const int k = c.num_experts_per_tok;
+  moe_router_decode(L.router, xm, c.num_experts, k, c.norm_topk_prob, {nullptr, ws.ids, ws.route_w, ws.shared_gate}, halt,
+                    stream, kRouterMaxCluster, rows);
+  moe_gate_up_decode(L.experts, xm, ws.ids, k, ws.act, halt, stream, rows);
+  moe_down_decode(L.experts, ws.act, ws.ids, ws.route_w, ws.shared_gate, k, h, pos, halt, stream, rows);
 }
 
 // The head's matrix, input (the final norm of h) and block scratch.

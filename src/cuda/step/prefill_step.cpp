@@ -86,7 +86,7 @@ T* PrefillWorkspace::alloc(size_t n, const char* what) {
   return owned_.back().as<T>();
 }
 
-PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillOptions& opt) : capacity(cap) {
+PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillOptions& opt, bool mtp) : capacity(cap) {
   const size_t T = cap, H = c.hidden_size, k = c.num_experts_per_tok, E = c.num_experts;
   const size_t gdn_rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
   const size_t attn_rows = 2 * c.attn_q_dim() + 2 * c.attn_kv_dim();
@@ -132,6 +132,9 @@ PrefillWorkspace::PrefillWorkspace(const ModelConfig& c, int cap, const PrefillO
   y_slots = alloc<float>(T * k * H, "prefill expert outputs");
   y_shared = alloc<float>(T * H, "prefill shared-expert output");
   logits = alloc<float>(static_cast<size_t>(kLogitRows) * c.vocab_size, "prefill logits");
+  if (!mtp) return;
+  mtp_state = alloc<float>((T + 1) * H, "prefill MTP states");
+  mtp_cat = alloc<uint16_t>(T * 2 * H, "prefill MTP input");
 }
 
 bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string* why) {
@@ -250,14 +253,16 @@ void gated_delta_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
   k.mark("gemm mixer out");
 }
 
-void attention_mixer(const Chunk& k, const DeviceLayer& L, int full) {
+// Attention over the chunk from ws.xb (the normed rows): keys into the cache, then, with
+// `out`, h += attn_out(attention); without, only the cache rows are kept (the MTP head's).
+void attention_mixer(const Chunk& k, const DeviceLayer& L, uint16_t* k_cache, uint16_t* v_cache, bool out) {
   const ModelConfig& c = k.c;
   PrefillWorkspace& ws = k.ws;
   const int attn_rows = static_cast<int>(2 * c.attn_q_dim() + 2 * c.attn_kv_dim());
   k.project(L.attn_in, ws.xb, k.H, ws.proj, attn_rows, GemmEpilogue::Store);
   k.mark("gemm mixer in");
   const AttnPrefillArgs a{.proj = ws.proj, .ldp = attn_rows, .q_norm = L.q_norm, .k_norm = L.k_norm,
-                          .inv_freq = k.W.rope_inv_freq, .k_cache = k.s.k_cache[full], .v_cache = k.s.v_cache[full],
+                          .inv_freq = k.W.rope_inv_freq, .k_cache = k_cache, .v_cache = v_cache,
                           .out = ws.xb, .scratch = ws.attn_scratch, .scratch_bytes = ws.attn_scratch_bytes,
                           .T = k.T, .pos0 = k.pos0, .ctx = k.s.ctx,
                           .Hq = static_cast<int>(c.num_attention_heads), .Hkv = static_cast<int>(c.num_key_value_heads),
@@ -265,6 +270,7 @@ void attention_mixer(const Chunk& k, const DeviceLayer& L, int full) {
                           .eps = k.eps, .route = k.opt.attn};
   attention_prefill(a, k.stream);
   k.mark("attention");
+  if (!out) return;
   k.project(L.attn_out, ws.xb, static_cast<int>(c.attn_q_dim()), ws.h, k.H, GemmEpilogue::Add);
   k.mark("gemm mixer out");
 }
@@ -339,13 +345,36 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
   for (const DeviceLayer& L : W.layers) {
     rmsnorm_prefill(ws.h, L.input_norm, T, k.H, k.eps, ws.xb, nullptr, stream);
     k.mark("rmsnorm");
-    if (L.kind == LayerKind::Linear)
+    if (L.kind == LayerKind::Linear) {
       gated_delta_mixer(k, L, lin++);
-    else
-      attention_mixer(k, L, full++);
+    } else {
+      attention_mixer(k, L, s.k_cache[full], s.v_cache[full], true);
+      ++full;
+    }
     moe_block(k, L);
   }
   if (timer) timer->report(T);
+}
+
+void enqueue_mtp_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
+                         const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
+  const int H = static_cast<int>(c.hidden_size), skip = pos0 == 0 ? 1 : 0, n = T - skip;
+  const float eps = c.rms_norm_eps;
+  const size_t row = static_cast<size_t>(H) * sizeof(float);
+  float* state = ws.mtp_state;  // row 0: the state before the chunk (position pos0 - 1); row 1 + r: token r's
+  rmsnorm_prefill(ws.h, W.final_norm, T, H, eps, nullptr, state + H, stream);
+  if (!skip) check(cudaMemcpyAsync(state, s.mtp_hidden[parity], row, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (MTP state)");
+  if (n > 0) {  // the head's rows at positions pos0 - 1 + skip ..: state at q, token at q + 1
+    const Chunk k{c, W, ws, opt, s, parity, pos0 - 1 + skip, n, stream, nullptr};
+    embedding_prefill(W.embed, ws.tokens + skip, n, ws.xf, stream);
+    rmsnorm_prefill(ws.xf, W.mtp.norm_embed, n, H, eps, ws.mtp_cat, nullptr, stream, 2 * H);
+    rmsnorm_prefill(state + static_cast<size_t>(skip) * H, W.mtp.norm_hidden, n, H, eps, ws.mtp_cat + H, nullptr, stream, 2 * H);
+    k.project(W.mtp.fc, ws.mtp_cat, 2 * H, ws.h, H, GemmEpilogue::Store);
+    rmsnorm_prefill(ws.h, W.mtp.layer.input_norm, n, H, eps, ws.xb, nullptr, stream);
+    attention_mixer(k, W.mtp.layer, s.mtp_k, s.mtp_v, false);
+  }
+  check(cudaMemcpyAsync(s.mtp_hidden[parity], state + static_cast<size_t>(T) * H, row, cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync (MTP state)");
 }
 
 void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, int row0, int rows,

@@ -47,7 +47,8 @@ struct PrefillOptions {
 // memory depends on the chunk size, never on the prompt length.
 class PrefillWorkspace {
  public:
-  PrefillWorkspace(const ModelConfig& c, int capacity, const PrefillOptions& opt);
+  // mtp: with the MTP head's buffers (mtp_state, mtp_cat).
+  PrefillWorkspace(const ModelConfig& c, int capacity, const PrefillOptions& opt, bool mtp);
   int capacity = 0;
   int* tokens = nullptr;          // [T]
   float* h = nullptr;             // [T][H] residual stream
@@ -74,6 +75,10 @@ class PrefillWorkspace {
   // Teacher-forced logits, kLogitRows rows at a time
   static constexpr int kLogitRows = 64;
   float* logits = nullptr;  // [kLogitRows][V]
+  // The MTP head: the normed trunk states [T + 1][H] (before the chunk, then each row's) and
+  // its fc input [T][2H] bf16
+  float* mtp_state = nullptr;
+  uint16_t* mtp_cat = nullptr;
 
  private:
   template <typename T>
@@ -88,6 +93,12 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
 // layer; ws.h then holds the last layer's output rows (before the final norm).
 void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
                      const SessionState& s, int parity, int pos0, int T, cudaStream_t stream);
+
+// The MTP head's cache rows for the chunk (session made with it; step/mtp_step.h): after the
+// chunk's trunk and heads (ws.h is overwritten), the rows at positions pos0 - 1 .. pos0 + T - 2
+// (from 0 when pos0 == 0), and mtp_hidden[parity] row 0 = the normed state at pos0 + T - 1.
+void enqueue_mtp_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
+                         const SessionState& s, int parity, int pos0, int T, cudaStream_t stream);
 
 // logits[r][V] = lm_head(final_norm(h[row0 + r])) for r < rows <= kLogitRows.
 void enqueue_logit_rows(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, int row0, int rows,
