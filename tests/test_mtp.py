@@ -26,8 +26,15 @@ def ckpt(tmp_path_factory):
             for layout in ("mlx", "hf")}
 
 
-def engine(path, mtp=True):
-    e = _lily.Engine(str(path), device="cpu")
+CUDA = "cuda" in _lily.available_devices()
+
+
+def on_gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="no CUDA device")(test))
+
+
+def engine(path, mtp=True, device="cpu"):
+    e = _lily.Engine(str(path), device=device)
     e.use_mtp = mtp
     return e
 
@@ -302,3 +309,57 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
     plain = lily.Model.load(str(ckpt["mlx"]), device="cpu")
     with pytest.raises(lily.LilyError, match="made with the MTP head"):
         plain.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp")
+
+
+# ---- the head on CUDA (its steps: src/cuda/step/mtp_step.h) ----------------------------------
+
+@on_gpu
+@pytest.mark.parametrize("chunk", [0, 1, 5])
+@pytest.mark.parametrize("layout", ["mlx", "hf"])
+def test_cuda_drafts_are_the_cpus_after_any_feeding(ckpt, chunk, layout):
+    """Chunk 0: one chunked prefill; 1: one-token decode steps; 5: prefill chunks of 5."""
+    cpu, cuda = engine(ckpt[layout]), engine(ckpt[layout], device="cuda")
+    s, last = fed(cpu, PROMPT)
+    nxt = int(np.argmax(last))
+    want = cpu.draft(s, nxt, 3, logits=True)
+    t, _ = fed(cuda, PROMPT, chunk)
+    got = cuda.draft(t, nxt, 3, logits=True)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert rel_err(got[1], want[1]) < 3e-2  # the prefill and decode kernels' bf16 operands
+
+
+@on_gpu
+@pytest.mark.parametrize("keep", [1, 2, 4])
+def test_cuda_keep_verified_and_snapshots_carry_the_head(ckpt, keep):
+    """Verify rows are one-token steps bit for bit, so the head after verify + keep equals the
+    head after feeding the kept tokens one at a time; a clone drafts as its source."""
+    e = engine(ckpt["mlx"], device="cuda")
+    s, last = fed(e, PROMPT)
+    step = np.array([int(np.argmax(last)), 7, 99, 3], np.int32)
+    t = e.clone(s)
+    choice = e.verify(s, step, logits=False)
+    e.keep_verified(s, keep)
+    for tok in step[:keep]:
+        e.forward(t, np.array([tok], np.int32))
+    nxt = int(choice[keep - 1])
+    want = e.draft(t, nxt, 3, logits=True)[1]
+    np.testing.assert_array_equal(e.draft(s, nxt, 3, logits=True)[1], want)
+    np.testing.assert_array_equal(e.draft(e.clone(s), nxt, 3, logits=True)[1], want)
+
+
+@on_gpu
+def test_cuda_speculative_generate_is_plain_greedy(ckpt, tmp_path):
+    import lily
+
+    paths = {"random": ckpt["mlx"], "repeat": repeating_checkpoint(tmp_path / "repeat"),
+             "mixed": repeating_checkpoint(tmp_path / "mixed", head_attention=10.0)}
+    for name, path in paths.items():
+        m = lily.Model.load(str(path), device="cuda", mtp=True)
+        for max_tokens in (1, 6, 37):
+            want = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True)
+            for k in (1, 2, 3):
+                got = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True, speculative="mtp",
+                                 draft_tokens=k)
+                assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason, (name, k)
+                if name == "repeat" and got.draft_tokens:
+                    assert got.accepted_tokens == got.draft_tokens, k
