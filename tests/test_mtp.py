@@ -234,7 +234,7 @@ def models(ckpt, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["random", "repeat", "mixed"])
-@pytest.mark.parametrize("drafts", [1, 2, 3])
+@pytest.mark.parametrize("drafts", [1, 2, 3, "auto"])
 @pytest.mark.parametrize("max_tokens", [1, 2, 6, 37])
 def test_speculative_generate_is_plain_greedy(models, name, drafts, max_tokens):
     m = models[name]
@@ -242,6 +242,9 @@ def test_speculative_generate_is_plain_greedy(models, name, drafts, max_tokens):
     got = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True, speculative="mtp",
                      draft_tokens=drafts)
     assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    if drafts == "auto":  # a run of plain steps first (DraftPolicy::kShortestRun), then rounds
+        assert got.rounds == 0 if max_tokens <= 9 else got.rounds >= 1
+        return
     assert got.rounds >= (max_tokens - 1 + drafts) // (drafts + 1)
     assert got.draft_tokens <= drafts * got.rounds and 0 <= got.accepted_tokens <= got.draft_tokens
     if name == "repeat" and got.draft_tokens:
@@ -300,8 +303,10 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
         m.generate(PROMPT.tolist(), max_tokens=4, temperature=0.7, speculative="mtp")
     with pytest.raises(lily.LilyError, match="greedy decoding without penalties"):
         m.generate(PROMPT.tolist(), max_tokens=4, presence_penalty=0.5, speculative="mtp")
-    with pytest.raises(lily.LilyError, match="draft_tokens"):
+    with pytest.raises(lily.LilyError, match="draft_tokens must be an integer in \\[1, 3\\] or 'auto', got 4"):
         m.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp", draft_tokens=4)
+    with pytest.raises(lily.LilyError, match="draft_tokens must be .* got 'many'"):
+        m.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp", draft_tokens="many")
     with pytest.raises(lily.LilyError, match="speculative must be"):
         m.generate(PROMPT.tolist(), max_tokens=4, speculative="eagle")
     with pytest.raises(lily.LilyError, match="draft_tokens needs speculative"):
@@ -309,6 +314,109 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
     plain = lily.Model.load(str(ckpt["mlx"]), device="cpu")
     with pytest.raises(lily.LilyError, match="made with the MTP head"):
         plain.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp")
+
+
+# ---- the adaptive draft count (src/cpp/draft_policy.h) ---------------------------------------
+
+PLAIN_S = 1.6e-3  # a plain step; a verify step of T rows costs VERIFY_S[T], a draft of n DRAFT_S * n
+GPU_VERIFY_S = [0, 1.6e-3, 2.5e-3, 3.1e-3, 3.9e-3]  # the H200's at 4K (perf-log §18)
+ROW_VERIFY_S = [T * PLAIN_S for T in range(5)]  # a verify as T one-token steps (the CPU executor's)
+DRAFT_S = 0.17e-3
+
+
+def simulate(acceptance: float, verify_s, tokens: int = 3000, seed: int = 0):
+    """Drives a DraftPolicy with these costs and drafts right with this chance each (given the
+    ones before right); returns the tokens a second and each round's draft count (0: a plain run)."""
+    rng = np.random.default_rng(seed)
+    p = _lily.DraftPolicy(3)
+    out, seconds, counts = 0, 0.0, []
+    while out < tokens:
+        k = p.choose()
+        counts.append(k)
+        if k == 0:
+            n = p.plain_run
+            p.decoded(n, n * PLAIN_S)
+            out, seconds = out + n, seconds + n * PLAIN_S
+            continue
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        p.drafted(k, accepted, DRAFT_S * k, verify_s[k + 1])
+        out, seconds = out + accepted + 1, seconds + DRAFT_S * k + verify_s[k + 1]
+    return out / seconds, counts
+
+
+def best_rate(acceptance: float, verify_s) -> float:
+    """The best fixed choice's tokens a second: plain steps, or k = 1..3 drafts every round."""
+    rounds = [sum(acceptance ** i for i in range(k + 1)) / (DRAFT_S * k + verify_s[k + 1]) for k in (1, 2, 3)]
+    return max([1 / PLAIN_S, *rounds])
+
+
+def test_the_policy_measures_plain_steps_first_and_then_probes():
+    p = _lily.DraftPolicy(3)
+    assert (p.choose(), p.plain_run) == (0, 8)
+    p.decoded(8, 8 * PLAIN_S)
+    assert p.expected_seconds(0) == pytest.approx(PLAIN_S)
+    assert 1 <= p.choose() <= 3  # after a plain run, a round (the acceptance measured again)
+    with pytest.raises(_lily.LilyError, match="1 to 3 drafts a round, not 4"):
+        _lily.DraftPolicy(4)
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.3, 0.6, 0.8, 0.9, 1.0])
+@pytest.mark.parametrize("costs", ["gpu", "rows"])
+def test_the_policy_is_near_the_best_fixed_choice(acceptance, costs):
+    """Within 4 % of the best of plain steps and k = 1..3 at every acceptance (with the first
+    rounds' learning), so drafts that are never right cost about nothing over plain decoding,
+    and a verify that costs a step a row (no gain possible) ends in plain runs."""
+    verify_s = GPU_VERIFY_S if costs == "gpu" else ROW_VERIFY_S
+    rate, counts = simulate(acceptance, verify_s)
+    assert rate >= 0.96 * best_rate(acceptance, verify_s)
+    if acceptance == 0:
+        p = _lily.DraftPolicy(3)  # never right: each plain run after a probe is twice as long
+        runs = []
+        for _ in range(8):
+            if p.choose() == 0:
+                runs.append(p.plain_run)
+                p.decoded(p.plain_run, p.plain_run * PLAIN_S)
+            else:
+                p.drafted(1, 0, DRAFT_S, verify_s[2])
+        assert runs == [8, 16, 32, 64]
+    if acceptance == 1.0 and costs == "gpu":
+        assert counts[-20:] == [3] * 20
+
+
+def test_the_choice_is_the_best_expected_rate():
+    p = _lily.DraftPolicy(3)
+    p.choose()
+    p.decoded(8, 8 * PLAIN_S)
+    for k, accepted in ((1, 1), (2, 2), (3, 1), (3, 3), (2, 0), (1, 1), (3, 2)):
+        p.choose()
+        p.drafted(k, accepted, DRAFT_S * k, GPU_VERIFY_S[k + 1])
+    rates = [p.expected_tokens(k) / p.expected_seconds(k) for k in range(4)]
+    assert p.choose() == int(np.argmax(rates))
+    assert p.expected_tokens(0) == 1 and p.expected_tokens(1) < p.expected_tokens(2) < p.expected_tokens(3) < 4
+
+
+def test_scripted_drafts_bound_speculation(models):
+    """generate's scripted drafts (the benchmarks' oracle and always-wrong drafters): the true
+    continuation is always accepted, a wrong one never, and the tokens stay plain greedy's."""
+    m = models["random"]
+    e = m._engine
+    want = m.generate(PROMPT.tolist(), max_tokens=40, ignore_eos=True).token_ids
+    vocab = int(m.config["vocab_size"])
+    for script, acceptance in ((want, 1.0), ([(t + 1) % vocab for t in want], 0.0)):
+        for k, adaptive in ((3, False), (2, False), (3, True)):
+            s = e.new_session(128)
+            e.forward(s, PROMPT)
+            stream = e.generate(s, 40, _lily.SamplingParams(), [], draft_tokens=k, adaptive_drafts=adaptive,
+                                scripted_drafts=script)
+            assert stream.drain() == want
+            rounds, drafted, accepted, _ = stream.speculation
+            assert rounds > 0 and accepted == acceptance * drafted
+    s = e.new_session(128)
+    e.forward(s, PROMPT)
+    with pytest.raises(_lily.LilyError, match="token id"):
+        e.generate(s, 4, _lily.SamplingParams(), [], draft_tokens=2, scripted_drafts=[vocab]).drain()
 
 
 # ---- the head on CUDA (its steps: src/cuda/step/mtp_step.h) ----------------------------------
@@ -357,7 +465,7 @@ def test_cuda_speculative_generate_is_plain_greedy(ckpt, tmp_path):
         m = lily.Model.load(str(path), device="cuda", mtp=True)
         for max_tokens in (1, 6, 37):
             want = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True)
-            for k in (1, 2, 3):
+            for k in (1, 2, 3, "auto"):
                 got = m.generate(PROMPT.tolist(), max_tokens=max_tokens, ignore_eos=True, speculative="mtp",
                                  draft_tokens=k)
                 assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason, (name, k)

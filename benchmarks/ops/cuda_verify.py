@@ -4,14 +4,15 @@ Measures, after a prompt of --context tokens (BENCHMARK.md's token formula):
 - plain decode: 64 steps of the on-device loop (as cuda_decode.py);
 - a verify step of T = 1..4 tokens (Engine.verify, greedy choices only: one host wait a
   step), ms per step and its ratio to T = 1;
-- greedy speculation, rounds of verify + keep_verified with k = 1..3 drafts a round, by two
-  injected drafters: an oracle (the true greedy continuation: every draft accepted, the
-  upper bound) and an always-wrong one (every draft rejected, the lower bound). Both must
-  reproduce plain greedy decoding's tokens exactly; their effective tok/s are reported;
+- greedy speculation (generate's rounds of verify + keep_verified) with k = 1..3 drafts a
+  round and with the adaptive count ("auto", draft_policy.h), by two scripted drafters: an
+  oracle (the true greedy continuation: every draft accepted, the upper bound) and an
+  always-wrong one (every draft rejected, the lower bound). Both must reproduce plain greedy
+  decoding's tokens exactly; their effective tok/s are reported;
 - with --mtp, the checkpoint's MTP head (random, so its drafts are almost never right: the
   real draft cost's lower bound) in sessions made with it: plain decode with the head's
   cache following, the draft step of n = 1..3 drafts (ms), and generate() with k = 1..3
-  drafts a round (the same tokens as plain greedy decoding).
+  and "auto" drafts a round (the same tokens as plain greedy decoding).
 Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--mtp] [--json OUT]
 With a timeline build (LILY_CUDA_TIMELINE_OUT set), --timeline-rows T runs only a plain
 generate() (call 0 of the file) and then --tokens verify steps of T rows, which the closing
@@ -30,21 +31,22 @@ import numpy as np
 
 from lily import _lily, synthetic
 from lily.consistency import benchmark_tokens
-from lily.speculative import greedy_round
+
+DRAFTS = (1, 2, 3, "auto")
 
 
-def speculate(engine, base, first: int, truth: list[int], k: int, oracle: bool, vocab: int):
-    """Greedy rounds from `base` until len(truth) tokens: drafts are the truth (oracle) or
-    off by one (always wrong). Returns (tokens, seconds, rounds)."""
-    s = engine.clone(base)
-    out, pending, rounds = [], first, 0
-    t0 = time.perf_counter()
-    while len(out) < len(truth):
-        nxt = truth[len(out) + 1:len(out) + 1 + k]
-        kept, pending = greedy_round(engine, s, pending, nxt if oracle else [(t + 1) % vocab for t in nxt])
-        out.extend(kept)
-        rounds += 1
-    return out[:len(truth)], time.perf_counter() - t0, rounds
+def speculate(engine, base, truth: list[int], drafts, script=()) -> dict:
+    """generate() from `base` (no pending token) with speculation, its drafts from `script`
+    (else the MTP head), the second of two runs (the first captures the graphs)."""
+    k, adaptive = (3, True) if drafts == "auto" else (drafts, False)
+    for _ in range(2):
+        stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [], draft_tokens=k,
+                                 adaptive_drafts=adaptive, scripted_drafts=list(script))
+        got = stream.drain()
+    rounds, drafted, accepted, round_tokens = stream.speculation
+    return {"drafts": drafts, "tok_s": (len(truth) - 1) / stream.decode_seconds, "rounds": rounds,
+            "acceptance": accepted / max(drafted, 1), "tokens_per_round": round_tokens / max(rounds, 1),
+            "plain_step_tokens": len(truth) - 1 - round_tokens, "same_tokens_as_plain": got == truth}
 
 
 def mtp_steps(engine, context: int, vocab: int, truth: list[int]) -> dict:
@@ -66,15 +68,7 @@ def mtp_steps(engine, context: int, vocab: int, truth: list[int]) -> dict:
         for _ in range(len(truth)):
             engine.draft(s, first, n)
         out["draft_ms"][n] = 1e3 * (time.perf_counter() - t0) / len(truth)
-    out["speculative"] = []
-    for k in (1, 2, 3):
-        for _ in range(2):
-            stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [], draft_tokens=k)
-            got = stream.drain()
-        rounds, drafted, accepted, _ = stream.speculation
-        out["speculative"].append({"drafts": k, "tok_s": (len(truth) - 1) / stream.decode_seconds,
-                                   "acceptance": accepted / max(drafted, 1), "rounds": rounds,
-                                   "same_tokens_as_plain": got == truth})
+    out["speculative"] = [speculate(engine, base, truth, k) for k in DRAFTS]
     return out
 
 
@@ -130,12 +124,10 @@ def main() -> None:
     rows["verify_ratio"] = {T: step_ms[T] / step_ms[1] for T in step_ms}
 
     spec = []
-    for k in (1, 2, 3):
-        for oracle in (True, False):
-            speculate(engine, base, first, truth[:8], k, oracle, vocab)  # graphs captured
-            got, secs, rounds = speculate(engine, base, first, truth, k, oracle, vocab)
-            spec.append({"drafts": k, "drafter": "oracle" if oracle else "always wrong", "tok_s": len(truth) / secs,
-                         "tokens_per_round": len(truth) / rounds, "same_tokens_as_plain": got == truth})
+    wrong = [(t + 1) % vocab for t in truth]
+    for k in DRAFTS:
+        for drafter, script in (("oracle", truth), ("always wrong", wrong)):
+            spec.append({"drafter": drafter, **speculate(engine, base, truth, k, script)})
     rows["speculation"] = spec
     if args.mtp:
         rows["mtp"] = mtp_steps(engine, args.context, vocab, truth)
@@ -145,14 +137,14 @@ def main() -> None:
         print(f"verify T={T}: {step_ms[T]:.3f} ms ({rows['verify_ratio'][T]:.2f}x T=1)")
     for r in spec:
         print(f"k={r['drafts']} {r['drafter']:>12}: {r['tok_s']:.1f} tok/s, {r['tokens_per_round']:.2f} tokens a round, "
-              f"same tokens: {r['same_tokens_as_plain']}")
+              f"{r['plain_step_tokens']} by plain steps, same tokens: {r['same_tokens_as_plain']}")
     if args.mtp:
         m = rows["mtp"]
         print(f"MTP session: plain decode {m['plain_decode_tok_s']:.1f} tok/s; draft n=1..3 "
               + " / ".join(f"{v:.3f}" for v in m["draft_ms"].values()) + " ms")
         for r in m["speculative"]:
             print(f"k={r['drafts']} MTP head: {r['tok_s']:.1f} tok/s, acceptance {r['acceptance']:.3f}, "
-                  f"same tokens: {r['same_tokens_as_plain']}")
+                  f"{r['plain_step_tokens']} by plain steps, same tokens: {r['same_tokens_as_plain']}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

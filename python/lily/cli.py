@@ -77,8 +77,10 @@ def cmd_generate(args) -> int:
     sys.stdout.write("\n")
     print(f"[{model.device}] prefill {r.prompt_tokens} tokens at {r.prefill_tokens_per_s:,.1f} tok/s | "
           f"decode {len(r.token_ids)} tokens at {r.decode_tokens_per_s:,.1f} tok/s | finish: {r.finish_reason}"
-          + (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round"
-             if r.rounds else ""), file=sys.stderr)
+          + (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round, "
+             f"{len(r.token_ids) - r.round_tokens} by plain steps" if r.rounds
+             else " | no speculative round (adaptive drafting ran plain steps)" if args.speculative else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -150,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="greedy speculative decoding with the checkpoint's MTP head (the same tokens, faster when "
                         "its drafts are accepted)")
-    g.add_argument("--draft-tokens", type=params.DRAFT_TOKENS.parse, default=None,
-                   help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule} (default: {params.DRAFT_TOKENS.default})")
+    g.add_argument("--draft-tokens", type=params.parse_draft_tokens, default=None,
+                   help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule}, or '{params.AUTO_DRAFTS}' (the "
+                        "default: each round's count from the measured acceptance and costs)")
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("convert", help="HF bf16 checkpoint -> MLX affine 4-bit checkpoint")

@@ -37,7 +37,8 @@ class GenerationResult:
     draft_tokens: int = 0     # speculative decoding: drafts the head proposed
     accepted_tokens: int = 0  # and how many of them the model's own choices confirmed
     rounds: int = 0           # verify steps
-    round_tokens: int = 0     # tokens the rounds handed out (all but a first one chosen from a prompt's logits)
+    round_tokens: int = 0     # tokens the rounds handed out (the rest: a first one chosen from a prompt's
+                              # logits, and plain decode steps where adaptive drafting chose none)
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -339,7 +340,7 @@ class Session:
         ignore_eos: bool = False,
         stream: bool = False,
         speculative: str | None = None,
-        draft_tokens: int | None = None,
+        draft_tokens: int | str | None = None,
     ) -> GenerationResult | Iterator[Piece]:
         """Continues the conversation: feeds the prompt (if any) and generates.
 
@@ -350,15 +351,16 @@ class Session:
         stream generates at most STREAM_READ_AHEAD tokens ahead of its reader and pauses
         there, leaving the model free; it resumes, with the same tokens, when read again.
         speculative="mtp": greedy speculative decoding with the checkpoint's MTP head (a model
-        loaded with mtp=True), draft_tokens (1-3, default 3) a round; the tokens are exactly plain greedy
+        loaded with mtp=True), draft_tokens a round: 1-3, or "auto" (the default), which chooses each
+        round's count (0-3) from the acceptance and step costs measured so far, so that drafts that
+        are rarely right cost little over plain decoding; the tokens are exactly plain greedy
         decoding's, and the result reports draft_acceptance and tokens_per_round.
         """
         if speculative not in (None, "mtp"):
             raise LilyError(f"speculative must be None or 'mtp', got {speculative!r}")
         if draft_tokens is not None and not speculative:
             raise LilyError("draft_tokens needs speculative='mtp'")
-        drafts = params.DRAFT_TOKENS.check(params.DRAFT_TOKENS.default if draft_tokens is None else draft_tokens) \
-            if speculative else 0
+        drafts, adaptive = params.draft_tokens(draft_tokens) if speculative else (0, False)
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -385,7 +387,7 @@ class Session:
         stop_ids = ([] if ignore_eos else list(self.model.eos_token_ids)) + extra_stop_ids
 
         self.close_stream()
-        run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops, drafts)
+        run = _Run(self, ids, v["max_tokens"], sampling, stop_ids, stops, drafts, adaptive)
         self._stream = weakref.ref(run)
         return run if stream else run.collect()
 
@@ -399,7 +401,7 @@ class _Run:
     An exception inside the iteration (Ctrl-C included) cancels the generation.
     """
 
-    def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops, draft_tokens):
+    def __init__(self, session: Session, ids, max_tokens, params, stop_ids, stops, draft_tokens, adaptive_drafts):
         self.session = session
         self.result: GenerationResult | None = None
         engine = session.model._engine
@@ -408,7 +410,8 @@ class _Run:
             engine.forward(session._handle, _as_tokens(ids), False)
         self._prompt_tokens = len(ids)
         self._stream = engine.generate(session._handle, max_tokens, params, stop_ids,
-                                       [s.encode("utf-8") for s in stops], draft_tokens)
+                                       [s.encode("utf-8") for s in stops], draft_tokens,
+                                       adaptive_drafts)
         tok = session.model.tokenizer
         self._decoder = StreamDecoder(tok) if tok is not None else None
         self._stop_ids = set(stop_ids)

@@ -104,7 +104,27 @@ SEED = Param("seed", int, 0, UINT64_MAX, "makes sampling reproducible (default: 
 SAMPLING = (MAX_TOKENS, TEMPERATURE, TOP_P, TOP_K, MIN_P, REPETITION_PENALTY, PRESENCE_PENALTY,
             FREQUENCY_PENALTY, SEED)
 MAX_STOP_STRINGS = 16
-DRAFT_TOKENS = Param("draft_tokens", int, 1, 3, "MTP drafts a speculative round (a verify step feeds 1 + drafts)", 3)
+DRAFT_TOKENS = Param("draft_tokens", int, 1, 3, "MTP drafts a speculative round (a verify step feeds 1 + drafts)")
+AUTO_DRAFTS = "auto"  # draft_tokens: each round's count chosen from measured acceptance and costs, up to 3
+
+
+def draft_tokens(value) -> tuple[int, bool]:
+    """draft_tokens (None: "auto") as (most drafts a round, adaptive); a LilyError names a bad value."""
+    if value is None or value == AUTO_DRAFTS:
+        return DRAFT_TOKENS.high, True
+    if DRAFT_TOKENS.problem(value):
+        raise LilyError(f"draft_tokens must be {DRAFT_TOKENS.rule} or {AUTO_DRAFTS!r}, got {value!r}")
+    return value, False
+
+
+def parse_draft_tokens(text: str):
+    """The --draft-tokens flag: 'auto' or a count."""
+    if text == AUTO_DRAFTS:
+        return text
+    try:
+        return DRAFT_TOKENS.parse(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be {DRAFT_TOKENS.rule} or {AUTO_DRAFTS!r}, got {text!r}") from None
 
 # Loading: Model.load / Model.random, and the flags that reach them.
 PREFILL_CHUNK = Param("prefill_chunk", int, 0, INT32_MAX,

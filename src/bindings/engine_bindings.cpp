@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "draft_policy.h"
 #include "engine.h"
 #include "error.h"
 #include "options.h"
@@ -156,7 +157,8 @@ class PyEngine {
 
   std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
                                         std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings,
-                                        int64_t draft_tokens) {
+                                        int64_t draft_tokens, bool adaptive_drafts,
+                                        std::vector<int32_t> scripted_drafts) {
     if (max_tokens < 0) fail("max_tokens must be >= 0, got ", std::to_string(max_tokens));
     if (draft_tokens < 0) fail("draft_tokens must be >= 0, got ", std::to_string(draft_tokens));
     Sampler check(p);  // validates the parameters before the thread starts
@@ -168,6 +170,8 @@ class PyEngine {
     if (!stops.empty() && !token_bytes_) fail("stop strings need the tokenizer's token bytes (set_token_bytes)");
     GenerateRequest req{max_tokens, p, std::move(stop_ids)};
     req.draft_tokens = draft_tokens;
+    req.adaptive_drafts = adaptive_drafts;
+    req.scripted_drafts = std::move(scripted_drafts);
     // Dropped by Python with the GIL held: the deleter releases it while the worker stops.
     return std::shared_ptr<TokenStream>(
         new TokenStream(std::move(s), std::move(req), StopStringMatcher(token_bytes_, std::move(stops))),
@@ -314,7 +318,8 @@ void register_engine(nb::module_& m) {
       .def_prop_ro("has_mtp", &PyEngine::has_mtp)
       .def_prop_rw("use_mtp", &PyEngine::use_mtp, &PyEngine::set_use_mtp)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
-           nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{}, nb::arg("draft_tokens") = 0)
+           nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{}, nb::arg("draft_tokens") = 0,
+           nb::arg("adaptive_drafts") = false, nb::arg("scripted_drafts") = std::vector<int32_t>{})
       .def("set_token_bytes", &PyEngine::set_token_bytes, nb::arg("table"))
       .def("clone", &PyEngine::clone, nb::arg("session"), nb::arg("capacity") = 0)
       .def("restore", &PyEngine::restore)
@@ -347,6 +352,16 @@ void register_engine(nb::module_& m) {
         ModelWeights::load(src)->save_mlx(dst, max_shard_bytes, keep_mtp);
       },
       nb::arg("src"), nb::arg("dst"), nb::arg("max_shard_bytes") = int64_t(5) << 30, nb::arg("keep_mtp") = false);
+
+  // The adaptive draft count's model alone (speculative_loop drives it inside generate).
+  nb::class_<DraftPolicy>(m, "DraftPolicy")
+      .def(nb::init<int64_t>(), nb::arg("most"))
+      .def("choose", &DraftPolicy::choose)
+      .def_prop_ro("plain_run", &DraftPolicy::plain_run)
+      .def("drafted", &DraftPolicy::drafted, nb::arg("n"), nb::arg("accepted"), nb::arg("draft_s"), nb::arg("verify_s"))
+      .def("decoded", &DraftPolicy::decoded, nb::arg("tokens"), nb::arg("seconds"))
+      .def("expected_tokens", &DraftPolicy::expected_tokens, nb::arg("k"))
+      .def("expected_seconds", &DraftPolicy::expected_seconds, nb::arg("k"));
 }
 
 }  // namespace lily

@@ -45,14 +45,20 @@ struct GenerateRequest {
   // last generated_before tokens of the session are its output, so the output penalties
   // count them and the random stream continues after them.
   int64_t generated_before = 0;
-  // Speculative decoding with the MTP head (speculative_loop.h): drafts a round, 0: off.
+  // Speculative decoding with the MTP head (speculative_loop.h): drafts a round, 0: off; with
+  // adaptive_drafts the most a round, each round's count chosen by measurement (draft_policy.h).
   int64_t draft_tokens = 0;
+  bool adaptive_drafts = false;
+  // Benchmarks of the bounds (an oracle drafter, an always-wrong one): drafts read from here,
+  // the one for output token i at [i] (its end: token 0), instead of from the MTP head.
+  std::vector<int32_t> scripted_drafts;
 };
 
 struct GenerateResult {
   int64_t n_tokens = 0;
   std::string finish_reason;  // "stop" (stop id), "length" (max_tokens or context), "cancelled"
-  // Speculative decoding: verify steps, drafts, accepted drafts, and tokens handed out by the rounds.
+  // Speculative decoding: verify steps, drafts, accepted drafts, and tokens handed out by the
+  // rounds (the rest came from plain decode steps, when adaptive drafting chose none).
   int64_t rounds = 0, drafted = 0, accepted = 0, round_tokens = 0;
 };
 

@@ -1,7 +1,9 @@
 #include "speculative_loop.h"
 
 #include <algorithm>
+#include <chrono>
 
+#include "draft_policy.h"
 #include "error.h"
 
 namespace lily {
@@ -16,7 +18,9 @@ void check_speculative(const Executor& e, const Session& s, const GenerateReques
   if (req.draft_tokens >= most)
     fail("generate: ", std::to_string(req.draft_tokens), " drafts a round do not fit a verify step of ",
          std::to_string(most), " tokens", why.empty() ? "" : " (" + why + ")");
-  if (!s.mtp) fail("generate: speculative decoding needs a session made with the MTP head (use_mtp)");
+  if (!s.mtp && req.scripted_drafts.empty())
+    fail("generate: speculative decoding needs a session made with the MTP head (use_mtp)");
+  check_tokens(e.weights().config, req.scripted_drafts.data(), static_cast<int64_t>(req.scripted_drafts.size()));
 }
 
 GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& req, const TokenCallback& on_token) {
@@ -42,17 +46,59 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
                                      s.last_logits.begin());
     if (!emit(s.pending, s.position())) return r;
   }
+  DraftPolicy policy(req.draft_tokens);  // consulted with adaptive_drafts only
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  // A run of plain decode steps (the executor's own loop); false when generation ends in it.
+  // Its cost a token leaves out the time spent in on_token (a stream's reader may pause it).
+  auto plain_run = [&] {
+    GenerateRequest plain = req;
+    plain.draft_tokens = 0;
+    plain.adaptive_drafts = false;
+    plain.scripted_drafts.clear();
+    plain.max_tokens = std::min(policy.plain_run(), req.max_tokens - r.n_tokens);
+    plain.generated_before = req.generated_before + r.n_tokens;
+    double reading = 0;
+    const Clock::time_point t0 = Clock::now();
+    const GenerateResult g = e.generate(s, plain, [&](int32_t tok) {
+      const Clock::time_point c0 = Clock::now();
+      const bool more = on_token(tok);
+      reading += since(c0);
+      return more;
+    });
+    policy.decoded(g.n_tokens, since(t0) - reading);
+    r.n_tokens += g.n_tokens;
+    r.finish_reason = g.finish_reason;
+    // "length" from the run's own bound is not the end
+    return g.finish_reason == "length" && r.n_tokens < req.max_tokens && s.position() + 1 < s.max_context;
+  };
+
   for (;;) {
+    const int64_t wanted = req.adaptive_drafts ? policy.choose() : req.draft_tokens;
+    if (wanted == 0) {
+      if (!plain_run()) return r;
+      continue;
+    }
     // Drafts: as many as wanted, within max_tokens and the context (the last choice stays pending).
     const int64_t base = s.position();
-    const int64_t d = std::max<int64_t>(
-        0, std::min({req.draft_tokens, req.max_tokens - r.n_tokens - 1, s.max_context - 2 - base}));
+    const int64_t d =
+        std::max<int64_t>(0, std::min({wanted, req.max_tokens - r.n_tokens - 1, s.max_context - 2 - base}));
     int32_t step[kMaxVerifyTokens], choice[kMaxVerifyTokens];
     step[0] = s.pending;
-    if (d > 0) e.draft(s, s.pending, d, step + 1, nullptr, limit);
+    const Clock::time_point t0 = Clock::now();
+    if (d > 0 && !req.scripted_drafts.empty()) {
+      const int64_t script = static_cast<int64_t>(req.scripted_drafts.size());
+      for (int64_t i = 0; i < d; ++i) step[1 + i] = r.n_tokens + i < script ? req.scripted_drafts[r.n_tokens + i] : 0;
+    } else if (d > 0) {
+      e.draft(s, s.pending, d, step + 1, nullptr, limit);
+    }
+    const double draft_s = since(t0);
+    const Clock::time_point t1 = Clock::now();
     e.verify(s, step, d + 1, nullptr, choice, limit);
+    const double verify_s = since(t1);
     int64_t accepted = 0;
     while (accepted < d && step[accepted + 1] == choice[accepted]) ++accepted;
+    if (d > 0) policy.drafted(d, accepted, draft_s, verify_s);
     ++r.rounds;
     r.drafted += d;
     r.accepted += accepted;

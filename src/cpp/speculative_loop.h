@@ -5,7 +5,8 @@
 
 namespace lily {
 
-// Each round drafts up to req.draft_tokens tokens after the pending one, feeds the pending
+// Each round drafts up to req.draft_tokens tokens after the pending one (with adaptive_drafts,
+// as many as DraftPolicy chooses, none meaning a run of plain decode steps), feeds the pending
 // token and the drafts as one verify step and keeps the longest run of drafts equal to the
 // model's own greedy choices, plus its next choice. A verify row is bit-identical to a
 // one-token step, so the tokens are exactly plain greedy decoding's however good the drafts;
