@@ -71,6 +71,7 @@ def test_keep_verified_is_feeding_only_those(engine, n, keep):
     engine.keep_verified(a, keep)
     want_last = one_by_one(engine, b, draft[:keep])[-1]
     assert a.position == b.position == 21 + keep and list(a.tokens) == list(b.tokens)
+    assert list(a.expert_load) == list(b.expert_load)  # the CPU's counts of routed tokens (CUDA: none)
     more = tokens(engine, 3, offset=55)
     np.testing.assert_array_equal(one_by_one(engine, a, more), one_by_one(engine, b, more))
     np.testing.assert_array_equal(logits[keep - 1], want_last)

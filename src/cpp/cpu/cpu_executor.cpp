@@ -28,14 +28,24 @@ class CpuSession : public Session {
   // last, whose normed trunk state waits in mtp_hidden [H] for the token after it.
   cpu::KvCache mtp_kv;
   std::vector<float> mtp_hidden;
-  // After a verify of n tokens: the GDN states, expert counts, logits and MTP state after each
-  // of its first n - 1 tokens (keep_verified restores one).
+  // After a verify of n tokens (one forward): every row's logits, and the state after each of
+  // its first n - 1 tokens that keep_verified may return to.
   struct Verified {
-    std::vector<cpu::GdnState> gdn;  // per layer (empty for attention layers)
-    std::vector<int64_t> expert_load;
-    std::vector<float> logits, mtp_hidden;
+    int64_t n = 0;
+    std::vector<std::vector<float>> conv, recurrent;  // per layer (GDN layers): [n - 1, state]
+    std::vector<int64_t> expert_load;                 // [n - 1, layers * E]
+    std::vector<float> logits, mtp_hidden;            // [n, V], [n - 1, H]
   };
-  std::vector<Verified> verified_rows;
+  // The session's own: a clone or a restore starts with nothing verified (and copies none of it).
+  struct VerifiedRows : Verified {
+    VerifiedRows() = default;
+    VerifiedRows(const VerifiedRows&) {}
+    VerifiedRows& operator=(const VerifiedRows&) {
+      n = 0;
+      return *this;
+    }
+  };
+  VerifiedRows verified_rows;
 };
 
 CpuSession& as_cpu(Session& s, const char* op) {
@@ -85,7 +95,12 @@ class CpuExecutor : public Executor {
  protected:
   void forward_chunk(Session& session, const int32_t* tokens, int64_t T, float* last_logits,
                      float* all_logits) override {
-    CpuSession& s = as_cpu(session, "forward");
+    forward_tokens(as_cpu(session, "forward"), tokens, T, last_logits, all_logits, nullptr);
+  }
+
+  // forward_chunk, and with rows (a verify) the state after each token but the last kept there.
+  void forward_tokens(CpuSession& s, const int32_t* tokens, int64_t T, float* last_logits, float* all_logits,
+                      CpuSession::Verified* rows) {
     const ModelWeights& w = *weights_;
     const ModelConfig& c = w.config;
     const int64_t H = c.hidden_size, V = c.vocab_size, pos0 = s.position();
@@ -102,18 +117,22 @@ class CpuExecutor : public Executor {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const LayerWeights& L = w.layers[l];
       cpu::rmsnorm({h, T, H, L.input_norm.values.data(), eps, x});
-      if (L.kind == LayerKind::Linear)
-        cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix);
-      else
+      if (L.kind == LayerKind::Linear) {
+        const cpu::GdnStateRows slots{rows ? rows->conv[l].data() : nullptr, rows ? rows->recurrent[l].data() : nullptr};
+        cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix, rows ? &slots : nullptr);
+      } else {
         cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
+      }
       add(h, mix, T * H);
       cpu::rmsnorm({h, T, H, L.post_norm.values.data(), eps, x});
       cpu::moe_block(L.moe, c, x, T, moe_buf_, mix, s.expert_load.data() + l * c.num_experts);
+      if (rows) count_rows_experts(*rows, l, T);
       add(h, mix, T * H);
     }
 
     if (all_logits || s.mtp) {
       cpu::rmsnorm({h, T, H, w.final_norm.values.data(), eps, x});
+      if (rows && s.mtp) std::copy_n(x, (T - 1) * H, rows->mtp_hidden.data());
       if (s.mtp) mtp_follow(s, tokens, T, x);
     }
     if (all_logits) {
@@ -169,60 +188,77 @@ class CpuExecutor : public Executor {
     }
   }
 
-  // One token at a time (each row is then exactly a single-token step), keeping what
-  // keep_step needs to return to any of them.
+  // One forward of the n tokens (the weights read once for all rows); every op computes each
+  // row from the same values in the same order as feeding it alone, so the rows are
+  // single-token steps to the bit. The states keep_step may return to are copied out per row.
   void verify_step(Session& session, const int32_t* tokens, int64_t n, float* logits, int32_t* argmax,
                    int64_t vocab_limit) override {
     CpuSession& s = as_cpu(session, "verify");
     const ModelConfig& c = weights_->config;
-    const int64_t V = c.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V;
-    s.verified_rows.assign(n - 1, {});
-    s.last_logits.resize(V);
-    for (int64_t i = 0; i < n; ++i) {
-      forward_chunk(s, tokens + i, 1, s.last_logits.data(), nullptr);
-      s.tokens.push_back(tokens[i]);
-      if (logits) std::copy_n(s.last_logits.data(), V, logits + i * V);
-      if (argmax)
-        argmax[i] = static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
-                                         s.last_logits.begin());
-      if (i + 1 == n) break;
-      CpuSession::Verified& row = s.verified_rows[i];
-      row.gdn.resize(c.num_hidden_layers);
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        if (c.layer_kinds[l] == LayerKind::Linear) row.gdn[l] = s.layers[l].gdn;
-      row.expert_load = s.expert_load;
-      row.logits = s.last_logits;
-      row.mtp_hidden = s.mtp_hidden;
+    const int64_t V = c.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V, L = c.num_hidden_layers;
+    CpuSession::Verified& rows = s.verified_rows;
+    rows.n = n;
+    rows.conv.resize(L);
+    rows.recurrent.resize(L);
+    for (int64_t l = 0; l < L; ++l) {
+      if (c.layer_kinds[l] != LayerKind::Linear) continue;
+      rows.conv[l].resize((n - 1) * s.layers[l].gdn.conv.size());
+      rows.recurrent[l].resize((n - 1) * s.layers[l].gdn.recurrent.size());
     }
+    rows.expert_load.resize((n - 1) * s.expert_load.size());
+    for (int64_t r = 0; r + 1 < n; ++r)
+      std::copy(s.expert_load.begin(), s.expert_load.end(), rows.expert_load.begin() + r * s.expert_load.size());
+    rows.logits.resize(n * V);
+    rows.mtp_hidden.resize(s.mtp ? (n - 1) * c.hidden_size : 0);
+    s.last_logits.resize(V);
+    forward_tokens(s, tokens, n, s.last_logits.data(), rows.logits.data(), &rows);
+    s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+    if (logits) std::copy(rows.logits.begin(), rows.logits.end(), logits);
+    for (int64_t i = 0; argmax && i < n; ++i) {
+      const float* row = rows.logits.data() + i * V;
+      argmax[i] = static_cast<int32_t>(std::max_element(row, row + limit) - row);
+    }
+  }
+
+  // Row r of the verify's expert counts adds the experts of its rows 0 .. r (layer l's routing,
+  // moe_buf_.experts [T, K], as moe_block left it).
+  void count_rows_experts(CpuSession::Verified& rows, int64_t l, int64_t T) {
+    const ModelConfig& c = weights_->config;
+    const int64_t E = c.num_experts, K = c.num_experts_per_tok, stride = c.num_hidden_layers * E;
+    for (int64_t slot = 0; slot < (T - 1) * K; ++slot)
+      for (int64_t r = slot / K; r + 1 < T; ++r) ++rows.expert_load[r * stride + l * E + moe_buf_.experts[slot]];
   }
 
   void keep_step(Session& session, int64_t n, int64_t m) override {
     CpuSession& s = as_cpu(session, "keep_verified");
     const ModelConfig& c = weights_->config;
+    CpuSession::Verified& rows = s.verified_rows;
     if (m < n) {
-      CpuSession::Verified& row = s.verified_rows[m - 1];
-      const int64_t kv_floats = (s.position() - (n - m)) * c.num_key_value_heads * c.head_dim;
+      const int64_t r = m - 1, kv_floats = (s.position() - (n - m)) * c.num_key_value_heads * c.head_dim;
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         if (c.layer_kinds[l] == LayerKind::Linear) {
-          s.layers[l].gdn = std::move(row.gdn[l]);
+          cpu::GdnState& g = s.layers[l].gdn;
+          std::copy_n(rows.conv[l].data() + r * g.conv.size(), g.conv.size(), g.conv.data());
+          std::copy_n(rows.recurrent[l].data() + r * g.recurrent.size(), g.recurrent.size(), g.recurrent.data());
         } else {
           s.layers[l].kv.k.resize(kv_floats);
           s.layers[l].kv.v.resize(kv_floats);
         }
       }
-      s.expert_load = std::move(row.expert_load);
-      s.last_logits = std::move(row.logits);
+      const size_t load = s.expert_load.size();
+      std::copy_n(rows.expert_load.data() + r * load, load, s.expert_load.data());
+      std::copy_n(rows.logits.data() + r * c.vocab_size, c.vocab_size, s.last_logits.data());
       if (s.mtp) {  // the head's cache: a row for every kept position but the last
         const int64_t mtp_floats = (s.position() - (n - m) - 1) * c.num_key_value_heads * c.head_dim;
         s.mtp_kv.k.resize(mtp_floats);
         s.mtp_kv.v.resize(mtp_floats);
-        s.mtp_hidden = std::move(row.mtp_hidden);
+        s.mtp_hidden.assign(rows.mtp_hidden.data() + r * c.hidden_size, rows.mtp_hidden.data() + m * c.hidden_size);
       }
     }
-    s.verified_rows.clear();
+    rows.n = 0;
   }
 
-  void forget_verified(Session& session) override { as_cpu(session, "verify").verified_rows.clear(); }
+  void forget_verified(Session& session) override { as_cpu(session, "verify").verified_rows.n = 0; }
 
  private:
   static void add(float* h, const float* delta, int64_t n) {

@@ -19,7 +19,7 @@ void GdnState::reset(const ModelConfig& c) {
 }
 
 void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-                       GdnBuffers& buf, float* out) {
+                       GdnBuffers& buf, float* out, const GdnStateRows* rows) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, Kc = c.linear_conv_kernel_dim;
   const int64_t key_dim = Hk * Dk, value_dim = Hv * Dv, conv_dim = c.gdn_conv_dim();
@@ -46,8 +46,13 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
                                  {x, T, w.in_proj_b, buf.b.data()}};
   qmatmul_batch(projections);
 
-  gated_delta_conv({buf.mixed.data(), T, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
-                    buf.conv_out.data()});
+  const int64_t conv_state = (Kc - 1) * conv_dim, recurrent_state = Hv * Dk * Dv;
+  const int64_t step = rows ? 1 : T;  // tokens a conv / delta-rule call
+  for (int64_t t = 0; t < T; t += step) {
+    gated_delta_conv({buf.mixed.data() + t * conv_dim, step, conv_dim, w.conv1d.values.data(), Kc, state.conv.data(),
+                      buf.conv_out.data() + t * conv_dim});
+    if (rows && t + 1 < T) std::copy_n(state.conv.data(), conv_state, rows->conv + t * conv_state);
+  }
 
   buf.q.resize(T * key_dim);
   buf.k.resize(T * key_dim);
@@ -67,8 +72,12 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
                      buf.g.data(), buf.beta.data()});
 
   buf.o.resize(T * value_dim);
-  gated_delta({buf.q.data(), buf.k.data(), buf.v.data(), buf.g.data(), buf.beta.data(), T, Hk, Hv, Dk, Dv,
-               state.recurrent.data(), buf.o.data()});
+  for (int64_t t = 0; t < T; t += step) {
+    gated_delta({buf.q.data() + t * key_dim, buf.k.data() + t * key_dim, buf.v.data() + t * value_dim,
+                 buf.g.data() + t * Hv, buf.beta.data() + t * Hv, step, Hk, Hv, Dk, Dv, state.recurrent.data(),
+                 buf.o.data() + t * value_dim});
+    if (rows && t + 1 < T) std::copy_n(state.recurrent.data(), recurrent_state, rows->recurrent + t * recurrent_state);
+  }
   gated_rmsnorm({buf.o.data(), buf.z.data(), T * Hv, Dv, w.norm.values.data(), c.rms_norm_eps, buf.o.data()});
   qmatmul({buf.o.data(), T, w.out_proj, out});
 }

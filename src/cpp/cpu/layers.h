@@ -40,8 +40,15 @@ struct MoeBuffers {
 
 // Gated DeltaNet (§4.5): projections, causal conv + SiLU, l2-normalised q/k, the delta
 // rule over the chunk, gated RMSNorm, out_proj. state carries across chunks.
+// With rows (a verify's slots), the state after each token but the last is copied out, conv
+// [T-1, (Kc-1) conv_dim] and recurrent [T-1, Hv Dk Dv]; the conv and the delta rule then run a
+// token at a time, the same bits (both walk the tokens in order however they are chunked).
+struct GdnStateRows {
+  float* conv = nullptr;
+  float* recurrent = nullptr;
+};
 void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-                       GdnBuffers& buf, float* out);
+                       GdnBuffers& buf, float* out, const GdnStateRows* rows = nullptr);
 
 // Gated full attention (§4.4) for tokens at positions pos0 .. pos0+T-1; the cache must
 // hold exactly pos0 positions and gains T.
