@@ -50,11 +50,22 @@ double DraftPolicy::expected_tokens(int64_t k) const {
 double DraftPolicy::expected_seconds(int64_t k) const {
   const double u = unit();
   if (k == 0) return u;
-  // A count measured once may carry a one-off cost (its graph's capture): at most twice the prior then.
-  auto cost = [&](const Cost& c, double prior) {
-    return c.n == 0 ? prior : c.n == 1 ? std::min(c.least(), 2 * prior) : c.least();
+  // A count never tried costs what a measured one does, scaled by the prior shape (else by a
+  // plain step); one measured once may carry a one-off cost (its graph's capture), so it is
+  // taken as at most twice that.
+  auto prior = [&](const std::array<Cost, kMaxVerifyTokens + 1>& costs, int64_t i, auto shape) {
+    for (int64_t j = 1; j <= kMaxVerifyTokens; ++j)
+      if (j != i && costs[j].n > 1) return costs[j].least() * shape(i) / shape(j);
+    return u * shape(i);
   };
-  return cost(verify_[k + 1], u * kVerifyShape[k + 1]) + cost(draft_[k], u * kDraftShape * k);
+  auto cost = [&](const std::array<Cost, kMaxVerifyTokens + 1>& costs, int64_t i, auto shape) {
+    const Cost& c = costs[i];
+    if (c.n > 1) return c.least();
+    const double p = prior(costs, i, shape);
+    return c.n == 1 ? std::min(c.least(), 2 * p) : p;
+  };
+  return cost(verify_, k + 1, [](int64_t t) { return kVerifyShape[t]; }) +
+         cost(draft_, k, [](int64_t n) { return kDraftShape * n; });
 }
 
 int64_t DraftPolicy::choose() {
