@@ -299,10 +299,8 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
     import lily
 
     m = models["random"]
-    with pytest.raises(lily.LilyError, match="greedy decoding without penalties"):
-        m.generate(PROMPT.tolist(), max_tokens=4, temperature=0.7, speculative="mtp")
-    with pytest.raises(lily.LilyError, match="greedy decoding without penalties"):
-        m.generate(PROMPT.tolist(), max_tokens=4, presence_penalty=0.5, speculative="mtp")
+    with pytest.raises(lily.LilyError, match="temperature must be"):
+        m.generate(PROMPT.tolist(), max_tokens=4, temperature=-1.0, speculative="mtp")
     with pytest.raises(lily.LilyError, match="draft_tokens must be an integer in \\[1, 3\\] or 'auto', got 4"):
         m.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp", draft_tokens=4)
     with pytest.raises(lily.LilyError, match="draft_tokens must be .* got 'many'"):
@@ -314,6 +312,68 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
     plain = lily.Model.load(str(ckpt["mlx"]), device="cpu")
     with pytest.raises(lily.LilyError, match="made with the MTP head"):
         plain.generate(PROMPT.tolist(), max_tokens=4, speculative="mtp")
+
+
+# ---- rejection sampling (speculative_loop.cpp) -------------------------------------------------
+
+CHI2_999 = {3: 16.27, 8: 26.12}  # chi-square quantile 0.999 by degrees of freedom
+
+
+def chi2(counts: dict, probs: dict, n: int) -> float:
+    return sum((counts.get(key, 0) - n * p) ** 2 / (n * p) for key, p in probs.items())
+
+
+@pytest.mark.parametrize("name,drafts", [("repeat", 1), ("repeat", 3), ("mixed", 2), ("random", 3)])
+def test_speculative_sampling_keeps_the_target_distribution(models, name, drafts):
+    """The first two tokens after a pending one, over 3,000 seeds, against the model's own
+    joint distribution p(a) p(b | a) under temperature and top-k (9 outcomes): drafts accepted
+    with probability p(x), a rejection resampled from p without x, the bonus token from p."""
+    m = models[name]
+    e = m._engine
+    base = e.new_session(64)
+    e.forward(base, PROMPT)
+    e.generate(base, 1, _lily.SamplingParams(), []).drain()  # a pending token: the greedy first choice
+    params = _lily.SamplingParams()
+    params.temperature, params.top_k = 1.5, 3
+
+    def dist(logits):
+        top = np.argsort(-logits, kind="stable")[:3]
+        w = np.exp((logits[top] - logits[top[0]]) / params.temperature)
+        return dict(zip(top.tolist(), (w / w.sum()).tolist()))
+
+    first = e.new_session(64)  # the same tokens fed, the pending one included
+    p0 = dist(e.forward(first, np.append(PROMPT, base.pending).astype(np.int32)))
+    joint = {}
+    for a, pa in p0.items():
+        s = e.clone(first)
+        for b, pb in dist(e.forward(s, np.array([a], np.int32))).items():
+            joint[(a, b)] = pa * pb
+    n, counts, accepted = 3000, {}, 0
+    for seed in range(n):
+        params.seed = seed
+        stream = e.generate(e.clone(base), 2, params, [], draft_tokens=drafts)
+        key = tuple(stream.drain())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += stream.speculation[2]
+    assert set(counts) <= set(joint)
+    assert chi2(counts, joint, n) < CHI2_999[8]
+    if name == "repeat":
+        assert accepted > 0.2 * n  # the acceptance branch is taken, not only resampling
+
+
+def test_speculative_sampling_is_reproducible_with_a_fixed_draft_count(models):
+    m = models["random"]
+    runs = [m.generate(PROMPT.tolist(), max_tokens=30, temperature=1.0, top_p=0.9, seed=seed, speculative="mtp",
+                       draft_tokens=2).token_ids for seed in (1, 1, 2)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_greedy_with_penalties_speculates_to_the_plain_tokens(models):
+    m = models["mixed"]
+    kwargs = dict(max_tokens=40, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.4)
+    want = m.generate(PROMPT.tolist(), **kwargs).token_ids
+    for k in (1, 3, "auto"):
+        assert m.generate(PROMPT.tolist(), speculative="mtp", draft_tokens=k, **kwargs).token_ids == want
 
 
 # ---- the adaptive draft count (src/cpp/draft_policy.h) ---------------------------------------

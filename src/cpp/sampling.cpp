@@ -28,6 +28,54 @@ void Sampler::skip(int64_t n) {
 
 int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
                         int64_t n_generated) {
+  const int64_t V = penalised(logits, vocab, history, n_generated);
+  // Greedy: the first index of the maximum, like argmax everywhere else.
+  if (p_.greedy()) return static_cast<int32_t>(std::max_element(work_.begin(), work_.begin() + V) - work_.begin());
+  kept_distribution(V);
+  return draw();
+}
+
+const Distribution& Sampler::distribution(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
+                                          int64_t n_generated) {
+  const int64_t V = penalised(logits, vocab, history, n_generated);
+  if (p_.greedy()) {
+    dist_.ids.assign(1, static_cast<int32_t>(std::max_element(work_.begin(), work_.begin() + V) - work_.begin()));
+    dist_.probs.assign(1, 1.0);
+  } else {
+    kept_distribution(V);
+  }
+  return dist_;
+}
+
+double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+int32_t Sampler::draw(int32_t except) {
+  const std::vector<int32_t>& ids = dist_.ids;
+  const std::vector<double>& probs = dist_.probs;
+  double mass = 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] != except) mass += probs[i];
+  if (!(mass > 0)) return except;  // nothing else is possible (the caller accepted except with probability 1)
+  const double u = uniform() * mass;
+  double acc = 0;
+  int32_t last = except;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == except) continue;
+    acc += probs[i];
+    last = ids[i];
+    if (u < acc) return ids[i];
+  }
+  return last;
+}
+
+double Distribution::prob(int32_t id) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return probs[i];
+  return 0;
+}
+
+int64_t Sampler::penalised(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
+                           int64_t n_generated) {
   const int64_t V = p_.vocab_limit > 0 ? std::min(p_.vocab_limit, vocab) : vocab;
   work_.assign(logits, logits + V);
 
@@ -48,30 +96,30 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<in
     for (auto [t, n] : counts)
       if (t >= 0 && t < V) work_[t] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
   }
+  return V;
+}
 
-  if (p_.greedy()) {
-    // First index of the maximum, like argmax everywhere else.
-    return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
-  }
-
+void Sampler::kept_distribution(int64_t V) {
   // Candidates sorted by logit (descending), cut by top-k.
-  idx_.resize(V);
-  std::iota(idx_.begin(), idx_.end(), 0);
+  std::vector<int32_t>& idx = dist_.ids;
+  idx.resize(V);
+  std::iota(idx.begin(), idx.end(), 0);
   int64_t k = p_.top_k > 0 ? std::min(p_.top_k, V) : V;
   auto by_logit = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
   if (k < V) {
-    std::partial_sort(idx_.begin(), idx_.begin() + k, idx_.end(), by_logit);
-    idx_.resize(k);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+    idx.resize(k);
   } else {
-    std::sort(idx_.begin(), idx_.end(), by_logit);
+    std::sort(idx.begin(), idx.end(), by_logit);
   }
 
   // Softmax at temperature over the candidates (fp64 sums for a stable cut).
   const double inv_t = 1.0 / p_.temperature;
-  const double top = work_[idx_[0]];
-  std::vector<double> prob(idx_.size());
+  const double top = work_[idx[0]];
+  std::vector<double>& prob = dist_.probs;
+  prob.resize(idx.size());
   double sum = 0;
-  for (size_t i = 0; i < idx_.size(); ++i) sum += prob[i] = std::exp((work_[idx_[i]] - top) * inv_t);
+  for (size_t i = 0; i < idx.size(); ++i) sum += prob[i] = std::exp((work_[idx[i]] - top) * inv_t);
   for (double& q : prob) q /= sum;
 
   // top-p: the smallest prefix whose mass reaches top_p; min-p: p >= min_p * p_max.
@@ -89,16 +137,11 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<in
     while (n < keep && prob[n] >= floor) ++n;
     keep = n;
   }
-
+  idx.resize(keep);
+  prob.resize(keep);
   double mass = 0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * mass;
-  double acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += prob[i];
-    if (u < acc) return idx_[i];
-  }
-  return idx_[keep - 1];
+  for (double q : prob) mass += q;
+  for (double& q : prob) q /= mass;
 }
 
 }  // namespace lily

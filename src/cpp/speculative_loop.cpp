@@ -9,10 +9,6 @@
 namespace lily {
 
 void check_speculative(const Executor& e, const Session& s, const GenerateRequest& req) {
-  const SamplingParams& p = req.sampling;
-  if (!p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
-    fail("generate: speculative decoding takes greedy decoding without penalties (temperature 0, repetition_penalty 1, "
-         "presence_penalty and frequency_penalty 0)");
   std::string why;
   const int64_t most = e.max_verify_tokens(&why);
   if (req.draft_tokens >= most)
@@ -27,6 +23,14 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
   check_speculative(e, s, req);
   const SamplingParams& p = req.sampling;
   const int64_t V = e.weights().config.vocab_size, limit = p.vocab_limit > 0 ? std::min(p.vocab_limit, V) : V;
+  // Greedy without penalties takes the verify step's own argmax; anything else is chosen on
+  // the host from the rows' logits, drafts by rejection sampling.
+  const bool on_host = !p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+                       p.frequency_penalty != 0.0f;
+  Sampler sampler(p);
+  sampler.skip(req.generated_before);
+  std::vector<float> rows(on_host ? kMaxVerifyTokens * V : 0);  // [d + 1, V] a round's logits
+  std::vector<int32_t> history;
 
   GenerateResult r;
   // Hands out the next token, the session then holding `position` tokens with it pending;
@@ -42,8 +46,9 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
   };
 
   if (s.pending < 0) {  // the first choice, from the logits a prompt left
-    s.pending = static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
-                                     s.last_logits.begin());
+    s.pending = on_host ? sampler.sample(s.last_logits.data(), V, s.tokens, req.generated_before)
+                        : static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
+                                               s.last_logits.begin());
     if (!emit(s.pending, s.position())) return r;
   }
   DraftPolicy policy(req.draft_tokens);  // consulted with adaptive_drafts only
@@ -94,10 +99,32 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
     }
     const double draft_s = since(t0);
     const Clock::time_point t1 = Clock::now();
-    e.verify(s, step, d + 1, nullptr, choice, limit);
-    const double verify_s = since(t1);
     int64_t accepted = 0;
-    while (accepted < d && step[accepted + 1] == choice[accepted]) ++accepted;
+    if (on_host) {
+      e.verify(s, step, d + 1, rows.data(), nullptr, limit);
+      // Row i's distribution follows the pending token and the drafts before it. Draft x is kept
+      // with probability p(x); else the token comes from p without x, renormalised: each token
+      // is then distributed exactly as p (the drafts are the head's argmax, a point mass).
+      history.assign(s.tokens.begin(), s.tokens.end() - d);
+      for (int64_t i = 0; i <= d; ++i) {
+        const Distribution& dist = sampler.distribution(rows.data() + i * V, V, history, req.generated_before + r.n_tokens + i);
+        if (i == d) {
+          choice[i] = sampler.draw();
+        } else if (sampler.uniform() < dist.prob(step[i + 1])) {
+          choice[i] = step[i + 1];
+          history.push_back(choice[i]);
+          ++accepted;
+          continue;
+        } else {
+          choice[i] = sampler.draw(step[i + 1]);
+        }
+        break;
+      }
+    } else {
+      e.verify(s, step, d + 1, nullptr, choice, limit);
+      while (accepted < d && step[accepted + 1] == choice[accepted]) ++accepted;
+    }
+    const double verify_s = since(t1);  // with the host's choices: their cost is the round's too
     if (d > 0) policy.drafted(d, accepted, draft_s, verify_s);
     ++r.rounds;
     r.drafted += d;
