@@ -874,3 +874,38 @@ def test_checkpoint_sampling_defaults_follow_the_parameter_table(tmp_path, caplo
         d = Defaults.from_checkpoint(tmp_path)
     assert (d.temperature, d.top_k, d.top_p) == (1.0, 20, 1.0)
     assert "temperature must be a number >= 0, got -1" in caplog.text and "top_p must be" in caplog.text
+
+
+def test_a_speculative_server_replies_as_a_plain_one(tmp_path):
+    """ServerConfig(speculative="mtp"): greedy replies, streamed or not and over a second turn
+    served from the prefix cache, are the plain server's; a model without its head is refused."""
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    from lily import synthetic
+
+    path = synthetic.write_checkpoint(tmp_path / "mtp", layout="mlx", seed=0, mtp=True)
+    plain = lily.Model.load(str(path), device="cpu")
+    with pytest.raises(lily.LilyError, match="loaded with its MTP head"):
+        make_app(plain, speculative="mtp")
+    with pytest.raises(lily.LilyError, match="draft_tokens must be"):
+        make_app(plain, speculative="mtp", draft_tokens=7)
+    spec = lily.Model.load(str(path), device="cpu", mtp=True)
+
+    def replies(model, **config):
+        app = make_app(model, **config)
+        with live_server(app) as url:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+            messages = [{"role": "user", "content": "Why is the sky blue?"}]
+            first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0)
+            messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "Tell me more."}]
+            stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0,
+                                                    stream=True)
+            second = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            drafted = httpx.get(url + "/health").json()["requests"]["draft_tokens"]
+            assert (drafted > 0) == bool(config), drafted  # the speculative server's replies did draft
+            return first.choices[0].message.content, second, first.usage.completion_tokens
+
+    want = replies(plain)
+    assert replies(spec, speculative="mtp", draft_tokens=2) == want
+    assert replies(spec, speculative="mtp") == want

@@ -37,10 +37,13 @@ DRAFTS = (1, 2, 3, "auto")
 
 def speculate(engine, base, truth: list[int], drafts, script=()) -> dict:
     """generate() from `base` (no pending token) with speculation, its drafts from `script`
-    (else the MTP head), the second of two runs (the first captures the graphs)."""
+    (else the MTP head): the second of two runs on one session, restored to `base` between
+    them, so the first has captured its graphs (a session's own) and allocated its verify rows."""
     k, adaptive = (3, True) if drafts == "auto" else (drafts, False)
+    s = engine.clone(base)
     for _ in range(2):
-        stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [], draft_tokens=k,
+        engine.restore(s, base)
+        stream = engine.generate(s, len(truth), _lily.SamplingParams(), [], draft_tokens=k,
                                  adaptive_drafts=adaptive, scripted_drafts=list(script))
         got = stream.drain()
     rounds, drafted, accepted, round_tokens = stream.speculation
@@ -55,8 +58,10 @@ def mtp_steps(engine, context: int, vocab: int, truth: list[int]) -> dict:
     base = engine.new_session(context + 8 * len(truth) + 16)
     engine.use_mtp = False
     first = int(np.argmax(engine.forward(base, benchmark_tokens(context, vocab))))
+    s = engine.clone(base)
     for _ in range(2):
-        stream = engine.generate(engine.clone(base), len(truth), _lily.SamplingParams(), [])
+        engine.restore(s, base)
+        stream = engine.generate(s, len(truth), _lily.SamplingParams(), [])
         plain = stream.drain()
     out = {"plain_decode_tok_s": (len(truth) - 1) / stream.decode_seconds, "plain_same_tokens": plain == truth}
     out["draft_ms"] = {}
@@ -102,8 +107,9 @@ def main() -> None:
         return
 
     rows = {"context": args.context, "device": engine.device}
-    for _ in range(2):  # warm-up, then the measured run
-        s = engine.clone(base)
+    s = engine.clone(base)
+    for _ in range(2):  # warm-up, then the measured run (as speculate)
+        engine.restore(s, base)
         stream = engine.generate(s, args.tokens + 1, _lily.SamplingParams(), [])
         truth = stream.drain()
     rows["plain_decode_tok_s"] = args.tokens / stream.decode_seconds

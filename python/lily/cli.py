@@ -84,6 +84,15 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _add_speculative_args(p) -> None:
+    p.add_argument("--speculative", choices=["mtp"], default=None,
+                   help="speculative decoding with the checkpoint's MTP head (the same tokens when greedy, the same "
+                        "distribution when sampling; faster when its drafts are accepted)")
+    p.add_argument("--draft-tokens", type=params.parse_draft_tokens, default=None,
+                   help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule}, or '{params.AUTO_DRAFTS}' (the "
+                        "default: each round's count from the measured acceptance and costs)")
+
+
 def _read_stdin() -> str:
     from ._lily import LilyError
 
@@ -149,12 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as a user message (default: raw text)")
     _add_think_arg(g)
-    g.add_argument("--speculative", choices=["mtp"], default=None,
-                   help="greedy speculative decoding with the checkpoint's MTP head (the same tokens, faster when "
-                        "its drafts are accepted)")
-    g.add_argument("--draft-tokens", type=params.parse_draft_tokens, default=None,
-                   help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule}, or '{params.AUTO_DRAFTS}' (the "
-                        "default: each round's count from the measured acceptance and costs)")
+    _add_speculative_args(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("convert", help="HF bf16 checkpoint -> MLX affine 4-bit checkpoint")

@@ -146,6 +146,11 @@ class Model:
         return self._engine.has_mtp
 
     @property
+    def mtp(self) -> bool:
+        """Whether sessions run the MTP head (loaded with mtp=True): speculative="mtp" needs it."""
+        return self._engine.use_mtp
+
+    @property
     def max_context(self) -> int:
         return int(self.config["max_position_embeddings"])
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 from . import params
-from .cli import _add_model_args
+from .cli import _add_model_args, _add_speculative_args
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
                    help=f"{params.MAX_QUEUE.help} (default: {params.MAX_QUEUE.default})")
     p.add_argument("--max-tokens-limit", type=params.MAX_TOKENS_LIMIT.parse, default=None,
                    help=params.MAX_TOKENS_LIMIT.help)
+    _add_speculative_args(p)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -42,10 +43,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .model import Model
 
-    model = Model.load(args.model, device=args.device)
+    if args.draft_tokens is not None and not args.speculative:
+        print("lily serve: --draft-tokens needs --speculative mtp", file=sys.stderr)
+        return 2
     config = ServerConfig(model_name=args.model_name, aliases=(args.model,), api_key=args.api_key,
                           context=args.context, cache_bytes=args.cache_mb << 20,
-                          max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit)
+                          max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
+                          speculative=args.speculative, draft_tokens=args.draft_tokens)
+    model = Model.load(args.model, device=args.device, mtp=args.speculative == "mtp")
     app = create_app(model, config)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s:     lily: %(message)s"))

@@ -35,6 +35,8 @@ class ServerConfig:
     cache_bytes: int = 4 << 30  # prefix cache budget
     max_queue: int = params.MAX_QUEUE.default  # requests that may wait; more get 503
     max_tokens_limit: int | None = None  # upper bound on generated tokens per request (a larger request: 400)
+    speculative: str | None = None  # "mtp": every reply decodes speculatively (a model loaded with mtp=True)
+    draft_tokens: int | str | None = None  # with speculative: 1-3 or "auto" (the default)
 
     def check(self, model_context: int) -> None:
         """LilyError naming the setting that breaks lily.params' rules (the CLI's flags too)."""
@@ -44,6 +46,19 @@ class ServerConfig:
             params.MAX_TOKENS_LIMIT.check(self.max_tokens_limit)
         params.MAX_QUEUE.check(self.max_queue)
         params.CACHE_BYTES.check(self.cache_bytes)
+        if self.speculative not in (None, "mtp"):
+            raise LilyError(f"speculative must be None or 'mtp', got {self.speculative!r}")
+        if self.draft_tokens is not None and not self.speculative:
+            raise LilyError("draft_tokens needs speculative='mtp'")
+        params.draft_tokens(self.draft_tokens)
+
+    def generate_options(self, model) -> dict:
+        """What every reply's Session.generate adds (speculative decoding), checked against the model."""
+        if not self.speculative:
+            return {}
+        if not model.mtp:
+            raise LilyError("speculative='mtp' needs the model loaded with its MTP head (Model.load(..., mtp=True))")
+        return {"speculative": self.speculative, "draft_tokens": self.draft_tokens}
 
 
 def create_app(model, config: ServerConfig | None = None) -> FastAPI:
@@ -55,7 +70,8 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     limit = config.max_tokens_limit
     defaults = Defaults.from_checkpoint(model.path)
     started = int(time.time())
-    worker = Worker(model, context=context, cache_bytes=config.cache_bytes, max_queue=config.max_queue)
+    worker = Worker(model, context=context, cache_bytes=config.cache_bytes, max_queue=config.max_queue,
+                    generate_options=config.generate_options(model))
 
     @asynccontextmanager
     async def lifespan(app):

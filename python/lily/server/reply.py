@@ -22,6 +22,7 @@ class ReplyWriter:
         self.stop_string: str | None = None  # the stop string that ended the last generate call
         self.prefill_seconds = 0.0  # the wait for the first token, when the reply starts by generating
         self.decode_seconds = 0.0
+        self.draft_tokens = self.accepted_tokens = 0  # speculative decoding's, over the reply's generate calls
 
     @property
     def tokens_left(self) -> int:
@@ -52,6 +53,8 @@ class ReplyWriter:
             self.decode_seconds += result.prefill_seconds
         self.decode_seconds += result.decode_seconds
         self.tokens += len(result.token_ids)
+        self.draft_tokens += result.draft_tokens
+        self.accepted_tokens += result.accepted_tokens
         self.stop_string = result.stop_string
         return result
 

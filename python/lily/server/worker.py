@@ -38,9 +38,10 @@ class Job:
         if reply is not None:
             reply.cancel()
 
-    def start_reply(self, session, emit, eos_text: dict[int, str]) -> ReplyWriter:
-        """The job's reply on `session`, which cancelling the job stops from now on."""
-        reply = ReplyWriter(session, self.options, emit, eos_text)
+    def start_reply(self, session, emit, eos_text: dict[int, str], server_options: dict) -> ReplyWriter:
+        """The job's reply on `session`, which cancelling the job stops from now on;
+        server_options: what the server adds to every generate call (speculative decoding)."""
+        reply = ReplyWriter(session, {**self.options, **server_options}, emit, eos_text)
         self._reply = reply
         if self.cancelled:  # cancel() ran before the reply was visible to it
             reply.cancel()
@@ -65,6 +66,8 @@ class Outcome:
     prefill_seconds: float
     decode_seconds: float
     stop_string: str | None = None  # the request's stop string that ended the reply
+    draft_tokens: int = 0  # speculative decoding: drafts proposed, and accepted
+    accepted_tokens: int = 0
 
 
 @dataclass
@@ -76,13 +79,17 @@ class WorkerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class Worker:
     """Owns the model's working session and the prefix cache; runs one job at a time."""
 
-    def __init__(self, model, *, context: int, cache_bytes: int, max_queue: int):
+    def __init__(self, model, *, context: int, cache_bytes: int, max_queue: int,
+                 generate_options: dict | None = None):
         self.model = model
+        self.generate_options = generate_options or {}
         self.context = context
         self.max_queue = max_queue
         self.session = model.new_session(context)
@@ -169,7 +176,7 @@ class Worker:
                 self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
                 return
             emit(Prefilled(len(job.ids), cached))
-            reply = job.start_reply(self.session, emit, self._eos_text)
+            reply = job.start_reply(self.session, emit, self._eos_text, self.generate_options)
             if job.forced is None:
                 finish_reason = reply.generate().finish_reason
             else:
@@ -178,7 +185,7 @@ class Worker:
                 self.cache.store(self.session)  # the reply: the next turn may continue from it
             self._finish(emit, Outcome(finish_reason, len(job.ids), cached, reply.tokens,
                                        prefill_seconds + reply.prefill_seconds, reply.decode_seconds,
-                                       reply.stop_string))
+                                       reply.stop_string, reply.draft_tokens, reply.accepted_tokens))
         except Exception as e:
             emit(e)
             raise
@@ -195,6 +202,8 @@ class Worker:
         s.prompt_tokens += outcome.prompt_tokens
         s.cached_tokens += outcome.cached_tokens
         s.completion_tokens += outcome.completion_tokens
+        s.draft_tokens += outcome.draft_tokens
+        s.accepted_tokens += outcome.accepted_tokens
         emit(outcome)
 
     def count_failure(self, error: BaseException) -> None:
