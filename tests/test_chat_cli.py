@@ -150,3 +150,17 @@ def test_a_message_longer_than_the_context_says_so(tiny_model, tiny_mlx_dir):
     feed(chat, "word " * 100, "/trim")
     assert "[this message alone is " in err.getvalue() and "/trim drops" not in err.getvalue()
     assert chat.messages == [] and "[dropped 0 oldest turns" in err.getvalue()
+
+
+def test_speculative_chat_turns_are_the_plain_ones(tmp_path):
+    """--speculative mtp: two turns through the prefix cache print what the plain chat prints."""
+    import lily
+    from lily import synthetic
+
+    path = synthetic.write_checkpoint(tmp_path / "mtp", layout="mlx", seed=0, mtp=True)
+    outputs = []
+    for flags, mtp in (((), False), (("--speculative", "mtp", "--draft-tokens", "2"), True)):
+        chat, out, _ = chat_session(lily.Model.load(str(path), device="cpu", mtp=mtp), path, *flags)
+        feed(chat, "Why is the sky blue?", "Tell me more.")
+        outputs.append(out.getvalue())
+    assert outputs[1] == outputs[0] and outputs[0].strip()

@@ -187,3 +187,15 @@ def test_model_estimate_is_at_least_the_stored_state(tiny_model):
     s = tiny_model.new_session(256)
     cache.prefill(s, list(range(100)))
     assert cache.nbytes == snapshot_bytes(tiny_model.config, 100, kv_bytes=4)
+
+
+def test_a_session_with_the_mtp_head_is_charged_its_cache(tmp_path):
+    import lily
+    from lily import synthetic
+
+    path = synthetic.write_checkpoint(tmp_path / "mtp", layout="mlx", seed=0, mtp=True)
+    plain, head = (prefix_cache.model_snapshot_bytes(lily.Model.load(str(path), device="cpu", mtp=mtp))
+                   for mtp in (False, True))
+    c = lily.Model.load(str(path), device="cpu").config
+    kv_row = 2 * c["num_key_value_heads"] * c["head_dim"] * 4  # the head's K and V for a position, fp32
+    assert head(100) - plain(100) == 100 * kv_row + c["hidden_size"] * 4

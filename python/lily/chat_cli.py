@@ -16,7 +16,7 @@ from typing import Callable, TextIO
 
 from . import params
 from ._lily import LilyError
-from .cli import _add_model_args, _add_sampling_args, _add_think_arg, _sampling
+from .cli import _add_model_args, _add_sampling_args, _add_speculative_args, _add_think_arg, _sampling, _speculative
 from .prefix_cache import PrefixCache, reply_start
 from .tool_calls import AssistantStream, prompt_opens_reasoning
 
@@ -37,6 +37,7 @@ def add_parser(subparsers) -> None:
     _add_model_args(p)
     _add_sampling_args(p, max_tokens=2048)
     _add_think_arg(p)
+    _add_speculative_args(p)
     p.add_argument("--hide-thinking", action="store_true", help="do not show the model's thinking")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--context", type=params.CONTEXT.parse, default=None, help=params.CONTEXT.help)
@@ -48,7 +49,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from .model import Model
 
-    model = Model.load(args.model, device=args.device)
+    _speculative(args)  # a bad flag combination, before the model loads
+    model = Model.load(args.model, device=args.device, mtp=args.speculative == "mtp")
     chat = Chat(model, args, sys.stdout, sys.stderr)
     print(f"lily chat: {model.path.name} on {model.device}. /help for commands.", file=sys.stderr)
     chat.loop(_read_line)
@@ -177,7 +179,7 @@ class Chat:
         t0 = time.perf_counter()
         cached = self.cache.prefill(self.session, ids, reply_start(self.model, ids))
         prefill_seconds = time.perf_counter() - t0
-        options = _sampling(self.args)
+        options = {**_sampling(self.args), **_speculative(self.args)}
         run = self.session.generate(None, stream=True, **options)
         parser = AssistantStream(in_reasoning=prompt_opens_reasoning(text))
         self._reasoning_shown = False

@@ -59,11 +59,7 @@ def cmd_generate(args) -> int:
         prompt = _read_stdin()
     elif prompt == "-":
         prompt = _read_stdin()
-    kwargs = _sampling(args)
-    if args.draft_tokens is not None and not args.speculative:
-        raise LilyError("--draft-tokens needs --speculative mtp")
-    if args.speculative:
-        kwargs.update(speculative=args.speculative, draft_tokens=args.draft_tokens)
+    kwargs = {**_sampling(args), **_speculative(args)}
     if args.chat:
         kwargs["messages"] = [{"role": "user", "content": prompt}]
         kwargs["enable_thinking"] = args.think
@@ -85,12 +81,23 @@ def cmd_generate(args) -> int:
 
 
 def _add_speculative_args(p) -> None:
+    from . import params
+
     p.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding with the checkpoint's MTP head (the same tokens when greedy, the same "
                         "distribution when sampling; faster when its drafts are accepted)")
     p.add_argument("--draft-tokens", type=params.parse_draft_tokens, default=None,
                    help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule}, or '{params.AUTO_DRAFTS}' (the "
                         "default: each round's count from the measured acceptance and costs)")
+
+
+def _speculative(args) -> dict:
+    """generate's speculative keywords from --speculative / --draft-tokens (none without them)."""
+    from ._lily import LilyError
+
+    if args.draft_tokens is not None and not args.speculative:
+        raise LilyError("--draft-tokens needs --speculative mtp")
+    return {"speculative": args.speculative, "draft_tokens": args.draft_tokens} if args.speculative else {}
 
 
 def _read_stdin() -> str:

@@ -20,13 +20,15 @@ FEED_CHUNK = 1024  # tokens fed per call, so a cancelled request stops between c
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def snapshot_bytes(config: dict, positions: int, kv_bytes: int = 2, copies: int = 1) -> int:
+def snapshot_bytes(config: dict, positions: int, kv_bytes: int = 2, copies: int = 1, mtp_states: int = 0) -> int:
     """Estimated bytes of one session snapshot holding K/V for `positions` tokens.
 
     Per full-attention layer K and V of [positions, Hkv, D] (kv_bytes each element);
     per Gated DeltaNet layer the conv state [Kc-1, 2*Hk*Dk + Hv*Dv] and the recurrent state
     [Hv, Dk, Dv], both fp32; plus the last logits [vocab] fp32. `copies`: how many recurrent
     states and logits buffers a session keeps (a double-buffering executor keeps two).
+    mtp_states: a session running the MTP head also holds its attention layer's K/V for the
+    positions and that many fp32 states [hidden] (0: no head).
     """
     kinds = config["layer_types"]
     n_full = sum(k == "full_attention" for k in kinds)
@@ -36,18 +38,20 @@ def snapshot_bytes(config: dict, positions: int, kv_bytes: int = 2, copies: int 
     hv, dv = config["linear_num_value_heads"], config["linear_value_head_dim"]
     conv = (config["linear_conv_kernel_dim"] - 1) * (2 * hk * dk + hv * dv) * 4
     recurrent = hv * dk * dv * 4
-    return n_full * kv + n_linear * (conv + copies * recurrent) + copies * config["vocab_size"] * 4
+    head = (kv + mtp_states * config["hidden_size"] * 4) if mtp_states else 0
+    return n_full * kv + n_linear * (conv + copies * recurrent) + copies * config["vocab_size"] * 4 + head
 
 
 def model_snapshot_bytes(model) -> Callable[[int], int]:
     """entry_bytes for the model's executor: what one snapshot of n tokens really holds.
 
     Snapshots are compact (K/V for their own positions): fp32 on the cpu executor; bf16 on
-    the cuda executor, which also double-buffers the recurrent state and logits.
+    the cuda executor, which also double-buffers the recurrent state and logits (and the MTP
+    head's states: two sets of a verify step's rows + 1).
     """
     if model.device == "cpu":
-        return lambda n: snapshot_bytes(model.config, n, kv_bytes=4)
-    return lambda n: snapshot_bytes(model.config, n + 1, kv_bytes=2, copies=2)
+        return lambda n: snapshot_bytes(model.config, n, kv_bytes=4, mtp_states=1 if model.mtp else 0)
+    return lambda n: snapshot_bytes(model.config, n + 1, kv_bytes=2, copies=2, mtp_states=10 if model.mtp else 0)
 
 
 @dataclass
