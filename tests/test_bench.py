@@ -46,6 +46,18 @@ def test_tiny_sweep_writes_json_markdown_and_png(tmp_path):
         assert (tmp_path / "results.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_speculative_lily_is_a_peer_with_its_drafts_recorded(tmp_path):
+    """--compare lily-mtp: lily with a random MTP head, speculating ("auto"), the same tokens as plain lily."""
+    r = _sweep(tmp_path, "--lengths", "16", "--decode-steps", "24", "--compare", "lily-mtp")
+    arms = {a["engine"]: a for a in r["arms"]}
+    assert sorted(arms) == ["lily", "lily-mtp"] and r["refusals"] == []
+    assert arms["lily-mtp"]["digest"] == arms["lily"]["digest"]
+    spec = arms["lily-mtp"]["speculation"]
+    assert spec["rounds"] >= 1 and 0 <= spec["accepted_tokens"] <= spec["draft_tokens"]
+    assert "speculation" not in arms["lily"]
+    assert "lily / lily-mtp" in (tmp_path / "results.md").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not has("transformers") or not has("torch"), reason="needs transformers and torch")
 def test_tiny_sweep_with_transformers_peer(tmp_path):

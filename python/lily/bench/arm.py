@@ -46,6 +46,8 @@ def measure(args) -> dict:
         "digest": contract.token_digest(run.token_ids), "first_tokens": run.token_ids[:8],
         "memory": peak, "info": runner.info(),
     }
+    if run.speculation:
+        record["speculation"] = run.speculation
     if contract.token_digest(warm.token_ids) != record["digest"]:
         record["refused"] = (f"{args.engine} @{args.length}: the measured run generated other tokens than the "
                              f"warm-up ({run.token_ids[:8]}... vs {warm.token_ids[:8]}...)")

@@ -13,15 +13,17 @@ from .target import Target
 
 class LilyRunner:
     name = "lily"
+    mtp = False  # sessions run the MTP head and generate speculatively with it
 
     def __init__(self, target: Target, device: str, options: RunOptions):
         from ..model import Model
 
         if target.random_weights:  # generated in memory: no 19 GB checkpoint to write or read
             self.model = Model.random(str(target.config_path), device, seed=options.seed,
-                                      prefill_chunk=options.prefill_chunk)
+                                      prefill_chunk=options.prefill_chunk, mtp=self.mtp)
         else:
-            self.model = Model.load(str(target.checkpoint), device=device, prefill_chunk=options.prefill_chunk)
+            self.model = Model.load(str(target.checkpoint), device=device, prefill_chunk=options.prefill_chunk,
+                                    mtp=self.mtp)
 
     @property
     def vocab_size(self) -> int:
@@ -41,10 +43,12 @@ class LilyRunner:
 
     def run(self, prompt: list[int], new_tokens: int) -> Timing:
         session = self.model.new_session(len(prompt) + new_tokens)
-        r = session.generate(prompt, max_tokens=new_tokens, ignore_eos=True)
+        r = session.generate(prompt, max_tokens=new_tokens, ignore_eos=True, speculative="mtp" if self.mtp else None)
         if len(r.token_ids) != new_tokens:
             raise RuntimeError(f"lily generated {len(r.token_ids)} tokens, expected {new_tokens} ({r.finish_reason})")
-        return Timing(r.prefill_seconds, r.decode_seconds, r.token_ids)
+        speculation = {"rounds": r.rounds, "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted_tokens,
+                       "round_tokens": r.round_tokens} if self.mtp else None
+        return Timing(r.prefill_seconds, r.decode_seconds, r.token_ids, speculation)
 
     @staticmethod
     def check(device: str) -> dict:
@@ -52,6 +56,14 @@ class LilyRunner:
 
         check_device(device)
         return {"lily": __version__, "lily_devices": list(_lily.available_devices())}
+
+
+class LilyMtpRunner(LilyRunner):
+    """lily with speculative decoding by the checkpoint's MTP head (draft_tokens "auto"); a
+    random-weight target gets a random head, whose drafts are almost never right."""
+
+    name = "lily-mtp"
+    mtp = True
 
 
 def check_device(device: str) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 RUNNERS = {
     "lily": "lily.bench.lily_runner:LilyRunner",
+    "lily-mtp": "lily.bench.lily_runner:LilyMtpRunner",  # lily decoding speculatively with its MTP head
     "hf": "lily.bench.hf_runner:HfRunner",  # Hugging Face transformers, random init at the same dims
 }
 PEERS = tuple(name for name in RUNNERS if name != "lily")
@@ -28,6 +29,7 @@ class Timing:
     prefill_s: float
     decode_s: float
     token_ids: list[int]
+    speculation: dict | None = None  # speculative decoding's rounds, drafts and accepted drafts
 
 
 @dataclass
