@@ -1,7 +1,8 @@
 // How many MTP drafts each speculative round takes when the count adapts
 // (GenerateRequest::adaptive_drafts): the count whose expected tokens a second is highest,
-// from the acceptance and the step costs this generation measured, or none, when no count
-// beats plain decode steps (a draft that is always wrong then costs little more than them).
+// from the acceptance and the step costs measured so far (an executor keeps one across its
+// generate calls), or none, when no count beats plain decode steps (a draft that is always
+// wrong then costs little more than them).
 #pragma once
 #include <array>
 #include <cstdint>

@@ -3,10 +3,20 @@
 #include <algorithm>
 
 #include "decode_loop.h"
+#include "draft_policy.h"
 #include "speculative_loop.h"
 #include "error.h"
 
 namespace lily {
+
+Executor::Executor(std::shared_ptr<const ModelWeights> w) : weights_(std::move(w)) {}
+Executor::~Executor() = default;
+
+DraftPolicy& Executor::draft_policy(int64_t most, bool host_choice) {
+  std::unique_ptr<DraftPolicy>& p = draft_policies_[{most, host_choice}];
+  if (!p) p = std::make_unique<DraftPolicy>(most);
+  return *p;
+}
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
   for (int64_t i = 0; i < n; ++i)

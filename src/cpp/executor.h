@@ -7,8 +7,10 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sampling.h"
@@ -67,11 +69,12 @@ struct GenerateResult {
 using TokenCallback = std::function<bool(int32_t)>;
 
 class StepQueue;
+class DraftPolicy;
 
 class Executor {
  public:
-  explicit Executor(std::shared_ptr<const ModelWeights> w) : weights_(std::move(w)) {}
-  virtual ~Executor() = default;
+  explicit Executor(std::shared_ptr<const ModelWeights> w);  // out of line, as ~Executor: DraftPolicy is opaque here
+  virtual ~Executor();
 
   virtual std::string device_name() const = 0;
   // How prompts are fed: "chunked" (whole chunks through each layer), or "token by
@@ -114,6 +117,10 @@ class Executor {
     return false;
   }
   void draft(Session& s, int32_t next, int64_t n, int32_t* drafts, float* logits = nullptr, int64_t vocab_limit = 0);
+  // The adaptive draft count's measurements (draft_policy.h), kept across generate calls and
+  // sessions (costs are the executor's, acceptance the head's): one per most drafts a round,
+  // greedy or chosen on the host (whose sampling adds to a round's cost).
+  DraftPolicy& draft_policy(int64_t most, bool host_choice);
 
   // Snapshots: an independent copy of the session's state with room for `capacity`
   // positions (at least what s holds; a compact snapshot costs only its positions'
@@ -153,6 +160,7 @@ class Executor {
 
  private:
   class HostSteps;
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<DraftPolicy>> draft_policies_;
 };
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n);

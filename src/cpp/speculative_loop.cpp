@@ -51,7 +51,7 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
                                                s.last_logits.begin());
     if (!emit(s.pending, s.position())) return r;
   }
-  DraftPolicy policy(req.draft_tokens);  // consulted with adaptive_drafts only
+  DraftPolicy& policy = e.draft_policy(req.draft_tokens, on_host);  // consulted with adaptive_drafts only
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   // A run of plain decode steps (the executor's own loop); false when generation ends in it.
