@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -315,18 +316,19 @@ def test_speculative_generate_refuses_what_it_cannot_do(models, ckpt):
 
 # ---- rejection sampling (speculative_loop.cpp) -------------------------------------------------
 
-CHI2_999 = {8: 26.12}  # the chi-square distribution's 0.999 quantile by degrees of freedom
+CHI2_999 = {26: 54.05}  # the chi-square distribution's 0.999 quantile by degrees of freedom
 
 
 def chi2(counts: dict, probs: dict, n: int) -> float:
     return sum((counts.get(key, 0) - n * p) ** 2 / (n * p) for key, p in probs.items())
 
 
-def sampled_pairs_match_the_model(e, drafts: int, n: int = 3000) -> int:
-    """The first two tokens after a pending one, over n seeds, against the model's own joint
-    distribution p(a) p(b | a) under temperature and top-k (9 outcomes): drafts accepted with
-    probability p(x), a rejection resampled from p without x, the bonus token from p. Returns
-    the drafts accepted."""
+def sampled_tokens_match_the_model(e, drafts: int, n: int = 4000) -> int:
+    """The first three tokens after a pending one (a round of two drafts and its bonus token,
+    or rejections and the rounds after them), over n seeds, against the model's own joint
+    distribution p(a) p(b | a) p(c | a, b) under temperature and top-k (27 outcomes): drafts
+    accepted with probability p(x), a rejection resampled from p without x, the bonus token
+    from p. Returns the drafts accepted."""
     base = e.new_session(64)
     e.forward(base, PROMPT)
     e.generate(base, 1, _lily.SamplingParams(), []).drain()  # a pending token: the greedy first choice
@@ -339,29 +341,34 @@ def sampled_pairs_match_the_model(e, drafts: int, n: int = 3000) -> int:
         return dict(zip(top.tolist(), (w / w.sum()).tolist()))
 
     first = e.new_session(64)  # the same tokens fed, the pending one included
-    p0 = dist(e.forward(first, np.append(PROMPT, base.pending).astype(np.int32)))
-    joint = {}
-    for a, pa in p0.items():
-        s = e.clone(first)
-        for b, pb in dist(e.forward(s, np.array([a], np.int32))).items():
-            joint[(a, b)] = pa * pb
+    joint = {(): 1.0}
+    frontier = {(): (first, e.forward(first, np.append(PROMPT, base.pending).astype(np.int32)))}
+    for _ in range(3):
+        grown = {}
+        for prefix, (s, logits) in frontier.items():
+            for tok, p in dist(logits).items():
+                t = e.clone(s)
+                grown[prefix + (tok,)] = (t, e.forward(t, np.array([tok], np.int32)))
+                joint[prefix + (tok,)] = joint[prefix] * p
+        frontier = grown
+    joint = {k: v for k, v in joint.items() if len(k) == 3}
     counts, accepted = {}, 0
     for seed in range(n):
         params.seed = seed
-        stream = e.generate(e.clone(base), 2, params, [], draft_tokens=drafts)
+        stream = e.generate(e.clone(base), 3, params, [], draft_tokens=drafts)
         key = tuple(stream.drain())
         counts[key] = counts.get(key, 0) + 1
         accepted += stream.speculation[2]
     assert set(counts) <= set(joint)
-    assert chi2(counts, joint, n) < CHI2_999[8]
+    assert chi2(counts, joint, n) < CHI2_999[26]
     return accepted
 
 
-@pytest.mark.parametrize("name,drafts", [("repeat", 1), ("repeat", 3), ("mixed", 2), ("random", 3)])
+@pytest.mark.parametrize("name,drafts", [("repeat", 1), ("repeat", 2), ("mixed", 2), ("random", 2)])
 def test_speculative_sampling_keeps_the_target_distribution(models, name, drafts):
-    accepted = sampled_pairs_match_the_model(models[name]._engine, drafts)
+    accepted = sampled_tokens_match_the_model(models[name]._engine, drafts)
     if name == "repeat":
-        assert accepted > 600  # the acceptance branch is taken, not only resampling
+        assert accepted > 800  # the acceptance branch is taken, not only resampling
 
 
 def test_speculative_sampling_is_reproducible_with_a_fixed_draft_count(models):
@@ -480,14 +487,21 @@ def test_scripted_drafts_bound_speculation(models):
     want = m.generate(PROMPT.tolist(), max_tokens=40, ignore_eos=True).token_ids
     vocab = int(m.config["vocab_size"])
     for script, acceptance in ((want, 1.0), ([(t + 1) % vocab for t in want], 0.0)):
-        for k, adaptive in ((3, False), (2, False), (3, True)):
+        for k, adaptive, slow in ((3, False, False), (2, False, False), (3, True, False), (3, False, True)):
             s = e.new_session(128)
             e.forward(s, PROMPT)
             stream = e.generate(s, 40, _lily.SamplingParams(), [], draft_tokens=k, adaptive_drafts=adaptive,
                                 scripted_drafts=script)
-            assert stream.drain() == want
+            if slow:  # a reader behind the read-ahead bound: the stream pauses and resumes
+                got = []
+                for t in stream:
+                    got.append(t)
+                    time.sleep(0.002)
+            else:
+                got = stream.drain()
+            assert got == want
             rounds, drafted, accepted, _ = stream.speculation
-            assert rounds > 0 and accepted == acceptance * drafted
+            assert rounds > 0 and accepted == acceptance * drafted, (k, adaptive, slow)
     s = e.new_session(128)
     e.forward(s, PROMPT)
     with pytest.raises(_lily.LilyError, match="token id"):
@@ -547,4 +561,4 @@ def test_cuda_speculative_generate_is_plain_greedy(ckpt, tmp_path):
                 if name == "repeat" and got.draft_tokens:
                     assert got.accepted_tokens == got.draft_tokens, k
         if name == "repeat":  # rejection sampling from the CUDA verify's rows
-            assert sampled_pairs_match_the_model(m._engine, 2) > 600
+            assert sampled_tokens_match_the_model(m._engine, 2) > 800

@@ -38,11 +38,13 @@ DRAFTS = (1, 2, 3, "auto")
 def speculate(engine, base, truth: list[int], drafts, script=()) -> dict:
     """generate() from `base` (no pending token) with speculation, its drafts from `script`
     (else the MTP head): the second of two runs on one session, restored to `base` between
-    them, so the first has captured its graphs (a session's own) and allocated its verify rows."""
+    them, so the first has captured its graphs (a session's own) and allocated its verify rows.
+    Each run's adaptive count starts measuring afresh (as an executor's first generate does)."""
     k, adaptive = (3, True) if drafts == "auto" else (drafts, False)
     s = engine.clone(base)
     for _ in range(2):
         engine.restore(s, base)
+        engine.forget_draft_policies()
         stream = engine.generate(s, len(truth), _lily.SamplingParams(), [], draft_tokens=k,
                                  adaptive_drafts=adaptive, scripted_drafts=list(script))
         got = stream.drain()

@@ -73,10 +73,7 @@ def cmd_generate(args) -> int:
     sys.stdout.write("\n")
     print(f"[{model.device}] prefill {r.prompt_tokens} tokens at {r.prefill_tokens_per_s:,.1f} tok/s | "
           f"decode {len(r.token_ids)} tokens at {r.decode_tokens_per_s:,.1f} tok/s | finish: {r.finish_reason}"
-          + (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round, "
-             f"{len(r.token_ids) - r.round_tokens} by plain steps" if r.rounds
-             else " | no speculative round (adaptive drafting ran plain steps)" if args.speculative else ""),
-          file=sys.stderr)
+          + _speculation_summary(args, r), file=sys.stderr)
     return 0
 
 
@@ -89,6 +86,19 @@ def _add_speculative_args(p) -> None:
     p.add_argument("--draft-tokens", type=params.parse_draft_tokens, default=None,
                    help=f"{params.DRAFT_TOKENS.help}; {params.DRAFT_TOKENS.rule}, or '{params.AUTO_DRAFTS}' (the "
                         "default: each round's count from the measured acceptance and costs)")
+
+
+def _speculation_summary(args, r) -> str:
+    """The status line's speculative part: acceptance, tokens a round, and the tokens that came
+    from plain steps (the first one, chosen from the prompt's logits, is neither)."""
+    if not args.speculative:
+        return ""
+    if not r.rounds:
+        return " | no speculative round" + (" (adaptive drafting ran plain steps)" if args.draft_tokens in (None, "auto")
+                                            else "")
+    plain = len(r.token_ids) - 1 - r.round_tokens
+    return (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round"
+            + (f", {plain} by plain steps" if plain else ""))
 
 
 def _speculative(args) -> dict:

@@ -355,17 +355,15 @@ class Session:
         its `result` attribute holds the GenerationResult once the iterator is exhausted. A
         stream generates at most STREAM_READ_AHEAD tokens ahead of its reader and pauses
         there, leaving the model free; it resumes, with the same tokens, when read again.
-        speculative="mtp": greedy speculative decoding with the checkpoint's MTP head (a model
-        loaded with mtp=True), draft_tokens a round: 1-3, or "auto" (the default), which chooses each
-        round's count (0-3) from the acceptance and step costs measured so far, so that drafts that
-        are rarely right cost little over plain decoding; the tokens are exactly plain greedy
-        decoding's, and the result reports draft_acceptance and tokens_per_round.
+        speculative="mtp": speculative decoding with the checkpoint's MTP head (a model loaded
+        with mtp=True), draft_tokens a round: 1-3, or "auto" (the default), which chooses each
+        round's count (0-3) from the acceptance and step costs measured so far, so that drafts
+        that are rarely right cost little over plain decoding. Greedy gives exactly plain greedy
+        decoding's tokens; sampling and penalties give the same distribution by rejection
+        sampling (not the same tokens for a seed). The result reports draft_acceptance and
+        tokens_per_round.
         """
-        if speculative not in (None, "mtp"):
-            raise LilyError(f"speculative must be None or 'mtp', got {speculative!r}")
-        if draft_tokens is not None and not speculative:
-            raise LilyError("draft_tokens needs speculative='mtp'")
-        drafts, adaptive = params.draft_tokens(draft_tokens) if speculative else (0, False)
+        drafts, adaptive = params.speculation(speculative, draft_tokens)
         v = params.sampling_values(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,

@@ -108,13 +108,20 @@ DRAFT_TOKENS = Param("draft_tokens", int, 1, 3, "MTP drafts a speculative round 
 AUTO_DRAFTS = "auto"  # draft_tokens: each round's count chosen from measured acceptance and costs, up to 3
 
 
-def draft_tokens(value) -> tuple[int, bool]:
-    """draft_tokens (None: "auto") as (most drafts a round, adaptive); a LilyError names a bad value."""
-    if value is None or value == AUTO_DRAFTS:
+def speculation(speculative, draft_tokens) -> tuple[int, bool]:
+    """generate's speculative / draft_tokens (None: "auto") as (most drafts a round, adaptive);
+    (0, False) without speculation. A LilyError names a bad value."""
+    if speculative not in (None, "mtp"):
+        raise LilyError(f"speculative must be None or 'mtp', got {speculative!r}")
+    if not speculative:
+        if draft_tokens is not None:
+            raise LilyError("draft_tokens needs speculative='mtp'")
+        return 0, False
+    if draft_tokens is None or draft_tokens == AUTO_DRAFTS:
         return DRAFT_TOKENS.high, True
-    if DRAFT_TOKENS.problem(value):
-        raise LilyError(f"draft_tokens must be {DRAFT_TOKENS.rule} or {AUTO_DRAFTS!r}, got {value!r}")
-    return value, False
+    if DRAFT_TOKENS.problem(draft_tokens):
+        raise LilyError(f"draft_tokens must be {DRAFT_TOKENS.rule} or {AUTO_DRAFTS!r}, got {draft_tokens!r}")
+    return draft_tokens, False
 
 
 def parse_draft_tokens(text: str):

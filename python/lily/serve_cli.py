@@ -8,7 +8,7 @@ import os
 import sys
 
 from . import params
-from .cli import _add_model_args, _add_speculative_args
+from .cli import _add_model_args, _add_speculative_args, _speculative
 
 
 def add_parser(subparsers) -> None:
@@ -43,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .model import Model
 
-    if args.draft_tokens is not None and not args.speculative:
-        print("lily serve: --draft-tokens needs --speculative mtp", file=sys.stderr)
-        return 2
+    _speculative(args)  # a bad flag combination, before the model loads
     config = ServerConfig(model_name=args.model_name, aliases=(args.model,), api_key=args.api_key,
                           context=args.context, cache_bytes=args.cache_mb << 20,
                           max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,

@@ -155,6 +155,12 @@ class PyEngine {
     state_->executor->keep_verified(*s.session, m);
   }
 
+  void forget_draft_policies() {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> busy(state_->busy);
+    state_->executor->forget_draft_policies();
+  }
+
   std::shared_ptr<TokenStream> generate(std::shared_ptr<PySession> s, int64_t max_tokens, const SamplingParams& p,
                                         std::vector<int32_t> stop_ids, std::vector<nb::bytes> stop_strings,
                                         int64_t draft_tokens, bool adaptive_drafts,
@@ -317,6 +323,7 @@ void register_engine(nb::module_& m) {
            nb::arg("vocab_limit") = 0)
       .def_prop_ro("has_mtp", &PyEngine::has_mtp)
       .def_prop_rw("use_mtp", &PyEngine::use_mtp, &PyEngine::set_use_mtp)
+      .def("forget_draft_policies", &PyEngine::forget_draft_policies)
       .def("generate", &PyEngine::generate, nb::arg("session"), nb::arg("max_tokens"), nb::arg("sampling"),
            nb::arg("stop_ids"), nb::arg("stop_strings") = std::vector<nb::bytes>{}, nb::arg("draft_tokens") = 0,
            nb::arg("adaptive_drafts") = false, nb::arg("scripted_drafts") = std::vector<int32_t>{})
@@ -358,7 +365,8 @@ void register_engine(nb::module_& m) {
       .def(nb::init<int64_t>(), nb::arg("most"))
       .def("choose", &DraftPolicy::choose)
       .def_prop_ro("plain_run", &DraftPolicy::plain_run)
-      .def("drafted", &DraftPolicy::drafted, nb::arg("n"), nb::arg("accepted"), nb::arg("draft_s"), nb::arg("verify_s"))
+      .def("drafted", &DraftPolicy::drafted, nb::arg("n"), nb::arg("accepted"), nb::arg("draft_s"), nb::arg("verify_s"),
+           nb::arg("host_s_per_token") = 0.0)
       .def("decoded", &DraftPolicy::decoded, nb::arg("tokens"), nb::arg("seconds"))
       .def("expected_tokens", &DraftPolicy::expected_tokens, nb::arg("k"))
       .def("expected_seconds", &DraftPolicy::expected_seconds, nb::arg("k"));

@@ -46,11 +46,11 @@ GenerateResult decode_loop(Session& s, const GenerateRequest& req, StepQueue& q,
       }
       last = tok;
       ++r.n_tokens;
+      s.pending = tok;  // handed out: pending until a step feeds it, also when on_token throws
       const bool keep_going = on_token(tok);
       const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
       const bool length = r.n_tokens == req.max_tokens || s.position() + 1 >= s.max_context;
       if (stop || length || !keep_going) {  // the natural ends' reasons win over a cancel (TokenCallback)
-        s.pending = tok;
         r.finish_reason = stop ? "stop" : length ? "length" : "cancelled";
         break;
       }

@@ -12,8 +12,7 @@ namespace {
 constexpr double kVerifyShape[kMaxVerifyTokens + 1] = {0, 1.0, 1.6, 2.0, 2.5};
 constexpr double kDraftShape = 0.11;
 // Acceptance before any round (a later draft's: the one before it's), worth kPriorRounds
-// rounds, and how fast an old round's outcome fades (its weight after r more rounds that
-// reached the same position: kDecay^r).
+// rounds, and how fast an old round's outcome fades (its weight after r more rounds: kDecay^r).
 constexpr double kPriorAcceptance = 0.7, kPriorRounds = 1, kDecay = 0.98;
 
 }  // namespace
@@ -65,7 +64,7 @@ double DraftPolicy::expected_seconds(int64_t k) const {
     return c.n == 1 ? std::min(c.least(), 2 * p) : p;
   };
   return cost(verify_, k + 1, [](int64_t t) { return kVerifyShape[t]; }) +
-         cost(draft_, k, [](int64_t n) { return kDraftShape * n; });
+         cost(draft_, k, [](int64_t n) { return kDraftShape * n; }) + host_.least() * expected_tokens(k);
 }
 
 int64_t DraftPolicy::choose() {
@@ -87,7 +86,11 @@ int64_t DraftPolicy::choose() {
   return best;
 }
 
-void DraftPolicy::drafted(int64_t n, int64_t accepted, double draft_s, double verify_s) {
+void DraftPolicy::drafted(int64_t n, int64_t accepted, double draft_s, double verify_s, double host_s_per_token) {
+  if (n == 0) {  // nothing learnt, and no probe outcome for the next run's length
+    after_probe_ = false;
+    return;
+  }
   for (int64_t i = 0; i < kMaxVerifyTokens; ++i) {  // every position fades, reached or not
     seen_[i] *= kDecay;
     hit_[i] *= kDecay;
@@ -99,6 +102,7 @@ void DraftPolicy::drafted(int64_t n, int64_t accepted, double draft_s, double ve
   probe_hit_ = accepted > 0;
   verify_[n + 1].add(verify_s);
   draft_[n].add(draft_s);
+  if (host_s_per_token > 0) host_.add(host_s_per_token);
 }
 
 void DraftPolicy::decoded(int64_t tokens, double seconds) {

@@ -22,9 +22,10 @@ class DraftPolicy {
   int64_t choose();
   int64_t plain_run() const { return run_; }
 
-  // What happened: a round that drafted n of which the first `accepted` were right, its
-  // draft and verify seconds; a run of plain decode steps.
-  void drafted(int64_t n, int64_t accepted, double draft_s, double verify_s);
+  // What happened: a round that drafted n (0: none fitted) of which the first `accepted` were
+  // right, its draft and verify seconds and the host's seconds a token handed out (choosing
+  // on the host: sampling); a run of plain decode steps.
+  void drafted(int64_t n, int64_t accepted, double draft_s, double verify_s, double host_s_per_token = 0);
   void decoded(int64_t tokens, double seconds);
 
   // The model behind choose(), for tests and benchmarks: tokens a round with k drafts is
@@ -53,7 +54,7 @@ class DraftPolicy {
   // and rounds where it was right too; acceptance i = hit / seen.
   std::array<double, kMaxVerifyTokens> seen_{}, hit_{};
   std::array<Cost, kMaxVerifyTokens + 1> verify_{}, draft_{};  // by rows fed / drafts
-  Cost plain_;
+  Cost plain_, host_;
   int64_t run_ = kShortestRun;
   bool probe_ = false, after_probe_ = false, probe_hit_ = false;
 };

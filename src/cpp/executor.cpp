@@ -18,6 +18,8 @@ DraftPolicy& Executor::draft_policy(int64_t most, bool host_choice) {
   return *p;
 }
 
+void Executor::forget_draft_policies() { draft_policies_.clear(); }
+
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
@@ -178,6 +180,8 @@ GenerateResult Executor::generate(Session& s, const GenerateRequest& req, const 
   if (s.pending >= 0 && s.position() + 1 > s.max_context) return r;
   if (s.pending < 0 && s.position() == 0) fail("generate: the session is empty; prefill a prompt first");
   Sampler check(req.sampling);
+  if (req.draft_tokens == 0 && (req.adaptive_drafts || !req.scripted_drafts.empty()))
+    fail("generate: adaptive_drafts and scripted_drafts need draft_tokens >= 1 (speculative decoding)");
   if (req.draft_tokens > 0) check_speculative(*this, s, req);
   if (req.max_tokens <= 0) {  // nothing to choose: only the pending token is fed
     if (s.pending >= 0) {

@@ -121,6 +121,7 @@ class Executor {
   // sessions (costs are the executor's, acceptance the head's): one per most drafts a round,
   // greedy or chosen on the host (whose sampling adds to a round's cost).
   DraftPolicy& draft_policy(int64_t most, bool host_choice);
+  void forget_draft_policies();  // the next generate starts measuring again
 
   // Snapshots: an independent copy of the session's state with room for `capacity`
   // positions (at least what s holds; a compact snapshot costs only its positions'

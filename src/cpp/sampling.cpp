@@ -26,6 +26,14 @@ void Sampler::skip(int64_t n) {
   if (!p_.greedy() && n > 0) rng_.discard(static_cast<unsigned long long>(n));  // one draw per sample
 }
 
+void Sampler::seek(int64_t index) {
+  // splitmix64 of the seed and the index: distinct, well-mixed seeds for neighbouring tokens
+  uint64_t z = p_.seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(index) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  rng_.seed(z ^ (z >> 31));
+}
+
 int32_t Sampler::sample(const float* logits, int64_t vocab, const std::vector<int32_t>& history,
                         int64_t n_generated) {
   const int64_t V = penalised(logits, vocab, history, n_generated);

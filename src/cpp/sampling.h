@@ -46,6 +46,9 @@ class Sampler {
 
   // Continues the random stream after n earlier samples with the same parameters.
   void skip(int64_t n);
+  // Restarts the draws on output token `index`'s own stream (seed and index mixed), so a
+  // token's draws do not depend on how many came before it (speculative rounds vary).
+  void seek(int64_t index);
 
  private:
   // The logits with the penalties applied, into work_; the ids it covers (vocab_limit).

@@ -8,10 +8,20 @@
 
 namespace lily {
 
+namespace {
+
+// The most drafts a round: req.draft_tokens, or with adaptive_drafts as many as the
+// executor's verify step takes (up to it).
+int64_t most_drafts(const Executor& e, const GenerateRequest& req) {
+  return req.adaptive_drafts ? std::min(req.draft_tokens, e.max_verify_tokens() - 1) : req.draft_tokens;
+}
+
+}  // namespace
+
 void check_speculative(const Executor& e, const Session& s, const GenerateRequest& req) {
   std::string why;
-  const int64_t most = e.max_verify_tokens(&why);
-  if (req.draft_tokens >= most)
+  const int64_t most = e.max_verify_tokens(&why), drafts = most_drafts(e, req);
+  if (drafts < 1 || drafts >= most)
     fail("generate: ", std::to_string(req.draft_tokens), " drafts a round do not fit a verify step of ",
          std::to_string(most), " tokens", why.empty() ? "" : " (" + why + ")");
   if (!s.mtp && req.scripted_drafts.empty())
@@ -27,8 +37,9 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
   // the host from the rows' logits, drafts by rejection sampling.
   const bool on_host = !p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
                        p.frequency_penalty != 0.0f;
+  // Output token j's draws are the random stream of j (Sampler::seek): no draw is used twice,
+  // however rounds, plain runs and resumed calls divide the output.
   Sampler sampler(p);
-  sampler.skip(req.generated_before);
   std::vector<float> rows(on_host ? kMaxVerifyTokens * V : 0);  // [d + 1, V] a round's logits
   std::vector<int32_t> history;
 
@@ -46,12 +57,15 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
   };
 
   if (s.pending < 0) {  // the first choice, from the logits a prompt left
+    sampler.seek(req.generated_before);
     s.pending = on_host ? sampler.sample(s.last_logits.data(), V, s.tokens, req.generated_before)
                         : static_cast<int32_t>(std::max_element(s.last_logits.begin(), s.last_logits.begin() + limit) -
                                                s.last_logits.begin());
     if (!emit(s.pending, s.position())) return r;
   }
-  DraftPolicy& policy = e.draft_policy(req.draft_tokens, on_host);  // consulted with adaptive_drafts only
+  // Consulted with adaptive_drafts only; scripted drafts (benchmarks) teach the executor's nothing.
+  DraftPolicy scripted(std::max<int64_t>(1, most_drafts(e, req)));
+  DraftPolicy& policy = req.scripted_drafts.empty() ? e.draft_policy(most_drafts(e, req), on_host) : scripted;
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   // A run of plain decode steps (the executor's own loop); false when generation ends in it.
@@ -93,21 +107,26 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
     const Clock::time_point t0 = Clock::now();
     if (d > 0 && !req.scripted_drafts.empty()) {
       const int64_t script = static_cast<int64_t>(req.scripted_drafts.size());
-      for (int64_t i = 0; i < d; ++i) step[1 + i] = r.n_tokens + i < script ? req.scripted_drafts[r.n_tokens + i] : 0;
+      for (int64_t i = 0, j = req.generated_before + r.n_tokens; i < d; ++i, ++j)  // j: the draft's output index
+        step[1 + i] = j < script ? req.scripted_drafts[j] : 0;
     } else if (d > 0) {
       e.draft(s, s.pending, d, step + 1, nullptr, limit);
     }
     const double draft_s = since(t0);
     const Clock::time_point t1 = Clock::now();
     int64_t accepted = 0;
+    double host_s = 0;  // the host's choices, a cost per token handed out (priced apart from the verify)
     if (on_host) {
       e.verify(s, step, d + 1, rows.data(), nullptr, limit);
+      const Clock::time_point t2 = Clock::now();
       // Row i's distribution follows the pending token and the drafts before it. Draft x is kept
       // with probability p(x); else the token comes from p without x, renormalised: each token
       // is then distributed exactly as p (the drafts are the head's argmax, a point mass).
       history.assign(s.tokens.begin(), s.tokens.end() - d);
       for (int64_t i = 0; i <= d; ++i) {
-        const Distribution& dist = sampler.distribution(rows.data() + i * V, V, history, req.generated_before + r.n_tokens + i);
+        const int64_t j = req.generated_before + r.n_tokens + i;  // the output index row i chooses
+        sampler.seek(j);
+        const Distribution& dist = sampler.distribution(rows.data() + i * V, V, history, j);
         if (i == d) {
           choice[i] = sampler.draw();
         } else if (sampler.uniform() < dist.prob(step[i + 1])) {
@@ -120,12 +139,13 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
         }
         break;
       }
+      host_s = since(t2);
     } else {
       e.verify(s, step, d + 1, nullptr, choice, limit);
       while (accepted < d && step[accepted + 1] == choice[accepted]) ++accepted;
     }
-    const double verify_s = since(t1);  // with the host's choices: their cost is the round's too
-    if (d > 0) policy.drafted(d, accepted, draft_s, verify_s);
+    const double verify_s = since(t1) - host_s;
+    policy.drafted(d, accepted, draft_s, verify_s, host_s / (accepted + 1));
     ++r.rounds;
     r.drafted += d;
     r.accepted += accepted;

@@ -46,11 +46,7 @@ class ServerConfig:
             params.MAX_TOKENS_LIMIT.check(self.max_tokens_limit)
         params.MAX_QUEUE.check(self.max_queue)
         params.CACHE_BYTES.check(self.cache_bytes)
-        if self.speculative not in (None, "mtp"):
-            raise LilyError(f"speculative must be None or 'mtp', got {self.speculative!r}")
-        if self.draft_tokens is not None and not self.speculative:
-            raise LilyError("draft_tokens needs speculative='mtp'")
-        params.draft_tokens(self.draft_tokens)
+        params.speculation(self.speculative, self.draft_tokens)
 
     def generate_options(self, model) -> dict:
         """What every reply's Session.generate adds (speculative decoding), checked against the model."""

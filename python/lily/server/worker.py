@@ -38,10 +38,10 @@ class Job:
         if reply is not None:
             reply.cancel()
 
-    def start_reply(self, session, emit, eos_text: dict[int, str], server_options: dict) -> ReplyWriter:
+    def start_reply(self, session, emit, eos_text: dict[int, str], server_options: dict | None = None) -> ReplyWriter:
         """The job's reply on `session`, which cancelling the job stops from now on;
         server_options: what the server adds to every generate call (speculative decoding)."""
-        reply = ReplyWriter(session, {**self.options, **server_options}, emit, eos_text)
+        reply = ReplyWriter(session, {**self.options, **(server_options or {})}, emit, eos_text)
         self._reply = reply
         if self.cancelled:  # cancel() ran before the reply was visible to it
             reply.cancel()

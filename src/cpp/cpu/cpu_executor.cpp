@@ -31,19 +31,16 @@ class CpuSession : public Session {
   // After a verify of n tokens (one forward): every row's logits, and the state after each of
   // its first n - 1 tokens that keep_verified may return to.
   struct Verified {
-    int64_t n = 0;
     std::vector<std::vector<float>> conv, recurrent;  // per layer (GDN layers): [n - 1, state]
     std::vector<int64_t> expert_load;                 // [n - 1, layers * E]
     std::vector<float> logits, mtp_hidden;            // [n, V], [n - 1, H]
   };
-  // The session's own: a clone or a restore starts with nothing verified (and copies none of it).
+  // Not copied with the session: a clone or a restore holds nothing verified (Session::verified
+  // is 0 there), and a snapshot does not carry a verify's buffers. Kept for the next verify.
   struct VerifiedRows : Verified {
     VerifiedRows() = default;
-    VerifiedRows(const VerifiedRows&) {}
-    VerifiedRows& operator=(const VerifiedRows&) {
-      n = 0;
-      return *this;
-    }
+    VerifiedRows(const VerifiedRows&) : Verified() {}
+    VerifiedRows& operator=(const VerifiedRows&) { return *this; }
   };
   VerifiedRows verified_rows;
 };
@@ -197,7 +194,6 @@ class CpuExecutor : public Executor {
     const ModelConfig& c = weights_->config;
     const int64_t V = c.vocab_size, limit = vocab_limit > 0 ? vocab_limit : V, L = c.num_hidden_layers;
     CpuSession::Verified& rows = s.verified_rows;
-    rows.n = n;
     rows.conv.resize(L);
     rows.recurrent.resize(L);
     for (int64_t l = 0; l < L; ++l) {
@@ -255,10 +251,8 @@ class CpuExecutor : public Executor {
         s.mtp_hidden.assign(rows.mtp_hidden.data() + r * c.hidden_size, rows.mtp_hidden.data() + m * c.hidden_size);
       }
     }
-    rows.n = 0;
   }
 
-  void forget_verified(Session& session) override { as_cpu(session, "verify").verified_rows.n = 0; }
 
  private:
   static void add(float* h, const float* delta, int64_t n) {
