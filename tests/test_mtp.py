@@ -389,7 +389,7 @@ def test_greedy_with_penalties_speculates_to_the_plain_tokens(models):
 # ---- the adaptive draft count (src/cpp/draft_policy.h) ---------------------------------------
 
 PLAIN_S = 1.6e-3  # a plain step; a verify step of T rows costs VERIFY_S[T], a draft of n DRAFT_S * n
-GPU_VERIFY_S = [0, 1.6e-3, 2.5e-3, 3.1e-3, 3.9e-3]  # the H200's at 4K (perf-log §18)
+GPU_VERIFY_S = [0, 1.6e-3, 2.5e-3, 3.1e-3, 3.9e-3]  # the H200's at 4K (docs/perf-log.md, section 18)
 ROW_VERIFY_S = [T * PLAIN_S for T in range(5)]  # a verify as T one-token steps (the CPU executor's)
 DRAFT_S = 0.17e-3
 

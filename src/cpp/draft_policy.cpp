@@ -8,7 +8,7 @@ namespace lily {
 namespace {
 
 // A verify step of T rows and a draft of n tokens in plain steps, before either is measured
-// (the CUDA executor's at 4K, perf-log §18); only the counts never tried rest on it.
+// (the CUDA executor's at 4K, docs/perf-log.md section 18); only the counts never tried rest on it.
 constexpr double kVerifyShape[kMaxVerifyTokens + 1] = {0, 1.0, 1.6, 2.0, 2.5};
 constexpr double kDraftShape = 0.11;
 // Acceptance before any round (a later draft's: the one before it's), worth kPriorRounds
