@@ -13,7 +13,8 @@ Measures, after a prompt of --context tokens (BENCHMARK.md's token formula):
   real draft cost's lower bound) in sessions made with it: plain decode with the head's
   cache following, the draft step of n = 1..3 drafts (ms), and generate() with k = 1..3
   and "auto" drafts a round (the same tokens as plain greedy decoding).
-Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--mtp] [--json OUT]
+Usage: python benchmarks/ops/cuda_verify.py [--context 4096] [--tokens 64] [--mtp] [--steps-only] [--json OUT]
+(--steps-only: plain decode and the verify steps, no speculation: an A/B of kernels.)
 With a timeline build (LILY_CUDA_TIMELINE_OUT set), --timeline-rows T runs only a plain
 generate() (call 0 of the file) and then --tokens verify steps of T rows, which the closing
 one-token generate() dumps as call 1: benchmarks/ops/decode_timeline.py FILE --call 1.
@@ -86,6 +87,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--timeline-rows", type=int, choices=range(1, 5), metavar="T")
     ap.add_argument("--mtp", action="store_true", help="also measure the MTP head's steps")
+    ap.add_argument("--steps-only", action="store_true", help="plain decode and verify steps only")
     args = ap.parse_args()
     config = synthetic.config_35b()
     vocab = int(config["vocab_size"])
@@ -133,7 +135,7 @@ def main() -> None:
 
     spec = []
     wrong = [(t + 1) % vocab for t in truth]
-    for k in DRAFTS:
+    for k in () if args.steps_only else DRAFTS:
         for drafter, script in (("oracle", truth), ("always wrong", wrong)):
             spec.append({"drafter": drafter, **speculate(engine, base, truth, k, script)})
     rows["speculation"] = spec

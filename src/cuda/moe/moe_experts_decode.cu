@@ -1,5 +1,6 @@
 #include "moe/moe_experts_decode.h"
 
+#include "common/fast_div.h"
 #include "qmatmul/qmatmul_decode_fma.cuh"
 #include "qmatmul/qmatmul_decode_mma.cuh"
 
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // The routed experts of T tokens as the tensor-core kernels walk them: the union of the
 // tokens' choices in first-seen order (token 0's slots, then what token 1 adds, ...; for
-// one token its slots in order), and where each token has each of them. Computed by every
+// one token its slots in order), and each (token, slot)'s place in it. Computed by every
 // warp alike from the ids (lane j < T k holds token j / k's slot j % k), so no barrier.
 template <int T>
 struct ExpertUnion {
@@ -151,11 +152,6 @@ struct ExpertUnion {
   __device__ __forceinline__ int expert(int u) const {
     return __shfl_sync(0xffffffffu, lane_id, static_cast<int>(__fns(first, 0, u + 1)));
   }
-  // Token t's slot holding expert e, or -1 (bits t k .. t k + k - 1 of the lanes holding e).
-  __device__ __forceinline__ int slot_of(int e, int t, int k) const {
-    const unsigned mine = (__ballot_sync(0xffffffffu, lane_id == e) >> (t * k)) & ((1u << k) - 1u);
-    return mine ? __ffs(mine) - 1 : -1;
-  }
 };
 
 // Tensor-core gate/up (tiled weights, each 16-row block = 8 gate rows + their 8 up
@@ -169,7 +165,7 @@ struct ExpertUnion {
 // summed exactly as for t alone. act: [T][k * I + Is].
 template <int GPW, int T>
 __global__ void __launch_bounds__(kWarps * 32, 2)
-    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt) {
+    gate_up_mma_kernel(MoeExperts m, XSpec X, const int* ids, int k, float* act, const int* halt, FastDiv by_rbe) {
   extern __shared__ uint4 smem_u4[];
   __shared__ float red[2][T * kWarps][16];
   const int H = m.gate_up.cols, G = H / 64, lane = threadIdx.x & 31, g0 = (threadIdx.x >> 5) * GPW;
@@ -219,7 +215,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   using Ring = MmaTileRing<GPW, kGateUpRing>;
   Ring ring(st.raw + (threadIdx.x >> 5) * Ring::kBytes / 4);
   auto walk = [&](int routed, auto expert, auto slots) {
-    auto row_block = [&](int task) { return expert(task / rbe) * rbe + task % rbe; };
+    auto row_block = [&](int task) {
+      const int u = by_rbe.div(task);
+      return expert(u) * rbe + by_rbe.mod(task, u);
+    };
     auto load = [&](int i) {  // the block's i-th task (into slot i % S)
       const int task = blockIdx.x + i * grid;
       if constexpr (T == 1) ring.load(i % kGateUpRing, task < routed, m.gate_up, task < routed ? row_block(task) : 0, g0, G, lane);
@@ -239,8 +238,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         load(i + 1);
       }
       int slot[T];
-      slots(task / rbe, slot);
-      const int r8 = 8 * (task % rbe);
+      const int u = by_rbe.div(task);
+      slots(u, slot);
+      const int r8 = 8 * by_rbe.mod(task, u);
       finish(cur, xr, [&](int t) {
         int s = -1;
 #pragma unroll
@@ -256,11 +256,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     const int lane_expert = __ldcg(ids + min(lane, k - 1));
     walk(k * rbe, [&](int u) { return __shfl_sync(0xffffffffu, lane_expert, u); }, [](int u, int (&slot)[T]) { slot[0] = u; });
   } else {
+    // Lane u < n: union expert u's id, and the slot where each token has it (8 bits a token,
+    // 0xFF: none), so a task's lookups are two shuffles.
     const ExpertUnion<T> un(ids, k, m.n_experts);
-    walk(un.n * rbe, [&](int u) { return un.expert(u); }, [&](int u, int (&slot)[T]) {
-      const int e = un.expert(u);
+    const int lane_expert = un.expert(min(lane, un.n - 1));
+    uint32_t lane_slots = 0xFFFFFFFFu;
 #pragma unroll
-      for (int t = 0; t < T; ++t) slot[t] = un.slot_of(e, t, k);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j)
+        if (__shfl_sync(0xffffffffu, un.lane_u, t * k + j) == lane) lane_slots ^= (0xFFu ^ j) << (8 * t);
+    walk(un.n * rbe, [&](int u) { return __shfl_sync(0xffffffffu, lane_expert, u); }, [&](int u, int (&slot)[T]) {
+      const uint32_t slots = __shfl_sync(0xffffffffu, lane_slots, u);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const int j = (slots >> (8 * t)) & 0xFF;
+        slot[t] = j == 0xFF ? -1 : j;
+      }
     });
   }
   timeline_done();
@@ -293,7 +304,7 @@ struct PairTiles {
 template <int WARPS, int U, int T>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     down_mma_kernel(MoeExperts m, const float* act, const int* ids, const float* weights, const float* shared_gate,
-                    int k, float* h, int* pos_inc, const int* halt) {
+                    int k, float* h, int* pos_inc, const int* halt, FastDiv by_gI) {
   extern __shared__ uint4 smem_u4[];
   const int I = m.inter, Is = m.shared_inter, H = m.shared_down.rows, n_rb = H / 16;
   const int gI = I / 64, gS = Is / 64, cols = k * I + Is;
@@ -329,7 +340,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
   const int routed = un.n * gI, n_pairs = routed + gS;
   // Pair p's expert index x (un.n: the shared expert) and group.
   auto pair_of = [&](int p, int& x, int& g) {
-    x = p < routed ? p / gI : un.n;
+    x = p < routed ? by_gI.div(p) : un.n;
     g = p < routed ? p - x * gI : p - routed;
   };
   auto expert = [&](int x) { return T == 1 ? s_ids[x] : s_expert[x]; };
@@ -377,7 +388,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
     for (int i = 0; i < kTerms; ++i) {
       const int q = lane + 32 * i;
-      q_w[i] = q < routed ? s_w[0][q / gI] : q < n_pairs ? s_w[0][k] : 0.0f;
+      q_w[i] = q < routed ? s_w[0][by_gI.div(q)] : q < n_pairs ? s_w[0][k] : 0.0f;
     }
   for (int iter = 0; rb < n_rb; rb += gridDim.x, ++iter) {
     for (int j = 0; warp + WARPS * U * j < n_pairs; ++j) {
@@ -432,7 +443,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             if (lane + 32 * j < n_q) y = fmaf(q_w[j], part[(lane + 32 * j) * 16 + r], y);
         } else {
           for (int q = lane; q < n_q; q += 32) {
-            const int j = q < k * gI ? q / gI : k, g = q < k * gI ? q - j * gI : q - k * gI;
+            const int j = q < k * gI ? by_gI.div(q) : k, g = q < k * gI ? q - j * gI : q - k * gI;
             const int p = j < k ? s_union[t * k + j] * gI + g : routed + g;
             y = fmaf(s_w[t][j], part[(p * T + t) * 16 + r], y);
           }
@@ -522,7 +533,8 @@ void moe_gate_up_decode(const MoeExperts& m, const XSpec& X, const int* ids, int
         auto kernel = gate_up_mma_kernel<gpw, t>;
         const size_t smem = gate_up_mma_smem_bytes<gpw, t>(H);
         allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_gate_up_decode: set smem");
-        launch("moe_gate_up_decode (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, top_k, act, halt);
+        launch("moe_gate_up_decode (tensor cores)", kernel, dim3(grid), dim3(kWarps * 32), smem, stream, m, X, ids, top_k, act, halt,
+               FastDiv(2 * m.inter / 16));
       });
     });
     return;
@@ -563,7 +575,7 @@ void moe_down_decode(const MoeExperts& m, const float* act, const int* ids, cons
     auto run = [&](auto kernel, int threads) {
       allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, "moe_down_decode: set smem");
       launch("moe_down_decode (tensor cores)", kernel, dim3(grid), dim3(threads), smem, stream, m, act, ids, weights, shared_gate,
-             top_k, h, pos_inc, halt);
+             top_k, h, pos_inc, halt, FastDiv(m.inter / 64));
     };
     auto with_warps = [&](auto w) {
       constexpr int W = decltype(w)::value;

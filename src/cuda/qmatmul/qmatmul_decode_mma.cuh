@@ -26,9 +26,11 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One lop3 a register ((w & m) | c, both constants in it): the compiler's own mask then
+// or takes two, and the dequantisation is most of a tile's instructions (perf-log §20).
 __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+  for (int i = 0; i < 4; ++i) asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a[i]) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u));
 }
 
 // Staged x of group g for this lane: 8 words (b0, b1 of k-steps 0..3), hi or lo by gid parity.

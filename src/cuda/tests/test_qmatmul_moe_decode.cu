@@ -237,6 +237,7 @@ void run_qmatmul_moe_decode_tests() {
   test_moe(128, 8, 2, 64, 64, 112, true);
   test_moe(2048, 64, 8, 512, 512, 113, true);
   test_moe(4096, 64, 8, 512, 512, 114, true);  // 256 row blocks of h: moe_down_decode in blocks of 8 warps
+  test_moe(256, 16, 4, 192, 64, 115, true);     // 3 groups, 24 row blocks an expert: not powers of two
 }
 
 }  // namespace lily::cuda::test

@@ -323,6 +323,7 @@ void run_rows_tests() {
     test_moe_rows(2048, 64, 8, 512, 512, T, 100 + T);  // Qwen3.6-35B-A3B widths: 16-warp down
     test_moe_rows(4096, 64, 8, 512, 512, T, 110 + T);  // 8-warp down, several row blocks a block
     test_moe_rows(256, 16, 4, 64, 128, T, 120 + T);    // lily-tiny
+    test_moe_rows(256, 16, 4, 192, 64, T, 130 + T);    // 3 groups, 24 row blocks an expert: not powers of two
     test_gated_delta_decode_rows(16, 32, 128, 128, 4095, T, 130 + T);  // Qwen3.6-35B-A3B
     test_gated_delta_decode_rows(2, 4, 64, 64, 1, T, 140 + T);         // lily-tiny, the ring partly before position 0
     for (int pos : {0, 126, 200, 8190, 20000}) test_attention_rows(16, 2, 256, 64, pos, T, 150 + T + pos);
