@@ -91,11 +91,13 @@ def _add_speculative_args(p) -> None:
 def _speculation_summary(args, r) -> str:
     """The status line's speculative part: acceptance, tokens a round, and the tokens that came
     from plain steps (the first one, chosen from the prompt's logits, is neither)."""
+    from .params import AUTO_DRAFTS
+
     if not args.speculative:
         return ""
     if not r.rounds:
-        return " | no speculative round" + (" (adaptive drafting ran plain steps)" if args.draft_tokens in (None, "auto")
-                                            else "")
+        adaptive = args.draft_tokens in (None, AUTO_DRAFTS)
+        return " | no speculative round" + (" (adaptive drafting ran plain steps)" if adaptive else "")
     plain = len(r.token_ids) - 1 - r.round_tokens
     return (f" | drafts accepted {r.accepted_tokens}/{r.draft_tokens}, {r.tokens_per_round:.2f} tokens a round"
             + (f", {plain} by plain steps" if plain else ""))

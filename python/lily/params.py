@@ -146,6 +146,8 @@ MAX_TOKENS_LIMIT = Param("max_tokens_limit", int, 1, INT32_MAX,
 CACHE_MB = Param("cache_mb", int, 0, 2**40, "prefix cache budget in MiB (0: off)")
 CACHE_BYTES = Param("cache_bytes", int, 0, None, "prefix cache budget in bytes (0: off)")
 MAX_QUEUE = Param("max_queue", int, 0, 2**20, "requests that may wait; more get 503", 32)
+STORED_RESPONSES = Param("stored_responses", int, 0, 2**20,
+                         "Responses API: the most responses kept for GET and previous_response_id", 1024)
 PORT = Param("port", int, 0, 65535, "TCP port (0: any free one)", 8000)
 
 

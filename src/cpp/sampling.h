@@ -19,6 +19,7 @@ struct SamplingParams {
   int64_t vocab_limit = 0;          // tokens >= vocab_limit are never chosen (padded rows); 0: all
 
   bool greedy() const { return temperature <= 0.0f; }
+  bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
 
 // What a sample is drawn from once every rule is applied: the candidates, most likely first,

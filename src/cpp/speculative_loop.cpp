@@ -35,8 +35,7 @@ GenerateResult speculative_loop(Executor& e, Session& s, const GenerateRequest& 
   const int64_t V = e.weights().config.vocab_size, limit = p.vocab_limit > 0 ? std::min(p.vocab_limit, V) : V;
   // Greedy without penalties takes the verify step's own argmax; anything else is chosen on
   // the host from the rows' logits, drafts by rejection sampling.
-  const bool on_host = !p.greedy() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
-                       p.frequency_penalty != 0.0f;
+  const bool on_host = !p.greedy() || p.penalised();
   // Output token j's draws are the random stream of j (Sampler::seek): no draw is used twice,
   // however rounds, plain runs and resumed calls divide the output.
   Sampler sampler(p);

@@ -16,9 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from .. import params
 from .._lily import LilyError
 from .._version import __version__
-from . import anthropic, errors
+from . import anthropic, errors, responses_api
 from .anthropic import CountTokensRequest, MessagesRequest
 from .anthropic_reply import MessageReply
+from .responses_api import ResponsesRequest, ResponseStore
+from .responses_api_reply import ResponseReply
 from .errors import APIError, bad_request
 from .prompts import Defaults, chat_plan, completion_plan
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -37,6 +39,7 @@ class ServerConfig:
     max_tokens_limit: int | None = None  # upper bound on generated tokens per request (a larger request: 400)
     speculative: str | None = None  # "mtp": every reply decodes speculatively (a model loaded with mtp=True)
     draft_tokens: int | str | None = None  # with speculative: 1-3 or "auto" (the default)
+    stored_responses: int = params.STORED_RESPONSES.default  # Responses API: kept for GET and previous_response_id
 
     def check(self, model_context: int) -> None:
         """LilyError naming the setting that breaks lily.params' rules (the CLI's flags too)."""
@@ -47,6 +50,7 @@ class ServerConfig:
         params.MAX_QUEUE.check(self.max_queue)
         params.CACHE_BYTES.check(self.cache_bytes)
         params.speculation(self.speculative, self.draft_tokens)
+        params.STORED_RESPONSES.check(self.stored_responses)
 
     def generate_options(self, model) -> dict:
         """What every reply's Session.generate adds (speculative decoding), checked against the model."""
@@ -77,7 +81,8 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     app = FastAPI(title="lily", summary="OpenAI- and Anthropic-compatible API for one local Qwen3.5/3.6 model",
                   version=__version__, lifespan=lifespan)
     app.state.worker = worker
-    errors.install(app, worker.count_failure, {"/v1/messages": anthropic.ERRORS})
+    stored = ResponseStore(config.stored_responses)
+    errors.install(app, worker.count_failure, {"/v1/messages": anthropic.ERRORS, "/v1/responses": responses_api.ERRORS})
     auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []
 
     def check_model(requested: str) -> None:
@@ -140,6 +145,26 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         check_model(body.model)
         anthropic.check_unicode(await request.json())
         return {"input_tokens": await run_in_threadpool(anthropic.count_tokens, model, body)}
+
+    @app.post("/v1/responses", dependencies=auth, responses=errors.error_schema())
+    async def responses(body: ResponsesRequest, request: Request):
+        check_model(body.model)
+        responses_api.check_unicode(await request.json())
+        conversation = stored.conversation(body)
+        plan = await run_in_threadpool(responses_api.responses_plan, model, body, conversation, context=context,
+                                       max_tokens_limit=limit, defaults=defaults)
+        reply = ResponseReply(name, plan, body, keep=lambda r: stored.put(r, conversation),
+                              count_tokens=lambda text: len(model.encode(text)))
+        return await respond(request, plan, reply, body.stream)
+
+    @app.get("/v1/responses/{response_id}", dependencies=auth, responses=errors.error_schema())
+    async def get_response(response_id: str):
+        return stored.get(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}", dependencies=auth, responses=errors.error_schema())
+    async def delete_response(response_id: str):
+        stored.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     generate_schema = app.openapi
     app.openapi = lambda: errors.drop_422(generate_schema())

@@ -84,9 +84,12 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "any"}
 
 
 def _param(error: dict) -> str | None:
+    return param_of_location(error.get("loc", ()))
+
+
+def param_of_location(loc) -> str | None:
     """The field of a validation error at ('body', 'messages', 0, 'role'): 'messages[0].role'; stops
     at a union member's tag (pydantic adds e.g. 'constrained-str' or 'list[TextPart]' to the location)."""
-    loc = error.get("loc", ())
     out = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):

@@ -455,7 +455,7 @@ void CudaExecutor::upload_ctl(const CudaSession& s, const GenerateRequest& req) 
   ctl.max_context = static_cast<int>(s.max_context);
   ctl.n_stop = static_cast<int>(req.stop_ids.size());
   std::copy(req.stop_ids.begin(), req.stop_ids.end(), ctl.stop_ids);
-  ctl.penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  ctl.penalties = p.penalised();
   ctl.top_k = static_cast<int>(std::min<int64_t>(p.top_k, 1 << 30));
   ctl.vocab_limit = static_cast<int>(std::min<int64_t>(p.vocab_limit, 1 << 30));
   ctl.temperature = p.temperature;

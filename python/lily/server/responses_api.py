@@ -1,0 +1,307 @@
+"""The OpenAI Responses API's requests and its store. A Responses request becomes the chat
+completion request it is equivalent to (as the Messages API does), so all three APIs share one
+prompt, plan and worker.
+
+`input` is a string (one user message) or items: messages (`input_text` / `output_text` parts),
+`reasoning`, `function_call` and `function_call_output`. Consecutive assistant-side items
+(reasoning, assistant messages, function calls) are one assistant turn. `previous_response_id`
+prepends a stored response's conversation (its input and output items, not its
+instructions, as OpenAI's API does); the prompt then starts as that response's did, so the
+prefix cache serves it. Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from .. import params
+from .errors import APIError, ErrorStyle, bad_request, invalid_request, param_of_location
+from .prompts import Plan, chat_plan
+from .protocol import ChatCompletionRequest, FunctionDef, MaxTokens, NonEmpty, Temperature, TopP
+
+# ---- requests --------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class InputText(_Body):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Body):
+    type: Literal["output_text"]
+    text: str
+
+
+class ReasoningText(_Body):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Body):
+    type: Literal["summary_text"]
+    text: str
+
+
+def _parts(*kinds):
+    """Content parts told apart by `type`; a string is one text part of the first kind."""
+    part = Annotated[Union[kinds], Field(discriminator="type")] if len(kinds) > 1 else kinds[0]
+    tag = kinds[0].model_fields["type"].annotation.__args__[0]
+    as_parts = BeforeValidator(lambda v: [{"type": tag, "text": v}] if isinstance(v, str) else v,
+                               json_schema_input_type=Union[str, list[part]])
+    return Annotated[list[part], as_parts]
+
+
+class MessageItem(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: _parts(InputText, OutputText)
+
+
+class FunctionCallItem(_Body):
+    type: Literal["function_call"]
+    call_id: NonEmpty
+    name: NonEmpty
+    arguments: str = Field(description="a JSON object, as a string")
+
+
+class FunctionCallOutputItem(_Body):
+    type: Literal["function_call_output"]
+    call_id: NonEmpty
+    output: _parts(InputText)
+
+
+class ReasoningItem(_Body):
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = []
+    content: list[ReasoningText] | None = None
+
+
+def _typed(item):
+    """A message may leave out its type (OpenAI's 'easy input message')."""
+    return {**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item
+
+
+Item = Annotated[Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem],
+                 Field(discriminator="type"), BeforeValidator(_typed)]
+
+
+def _as_items(value):
+    """A string is one user message (a list is validated item by item, so errors name the item)."""
+    if not isinstance(value, str):
+        return value
+    if not value:
+        raise PydanticCustomError("empty_input", "input must not be empty")
+    return [{"type": "message", "role": "user", "content": value}]
+
+
+class FunctionTool(FunctionDef):
+    type: Literal["function"] = Field(description="only function tools")
+
+
+class NamedFunction(_Body):
+    type: Literal["function"]
+    name: NonEmpty
+
+
+class TextFormat(_Body):
+    type: Literal["text"] = Field(description="only 'text' is supported")
+
+
+class TextConfig(_Body):
+    format: TextFormat | None = None
+
+
+class Reasoning(_Body):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="'none' turns the template's thinking off; any other effort leaves it on")
+    summary: str | None = Field(None, description="accepted; the reasoning item carries the text itself")
+
+
+class ResponsesRequest(_Body):
+    model: str
+    input: Annotated[list[Item], Field(min_length=1),
+                     BeforeValidator(_as_items, json_schema_input_type=Union[NonEmpty, list[Item]])]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = Field(
+        None, description="'auto' (the default with tools), 'none', or a forced call: 'required' (one of "
+                          "the tools) or {'type': 'function', 'name': ...}")
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: MaxTokens = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    reasoning: Reasoning | None = None
+    text: TextConfig | None = None
+    store: bool = True
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    top_logprobs: Literal[0] | None = Field(None, description="not supported")
+
+
+# ---- the equivalent chat request ---------------------------------------------------------------
+
+def items_of(body: ResponsesRequest) -> list[dict]:
+    """The request's input as items (dicts in the API's input form)."""
+    return [item.model_dump(exclude_none=True) for item in body.input]
+
+
+def chat_messages(items: list[dict]) -> list[dict]:
+    """Chat messages for a conversation's items: each user-side message, each function output a
+    tool message, and each run of assistant-side items one assistant message."""
+    out: list[dict] = []
+    turn: dict | None = None  # the assistant message being gathered
+
+    def assistant() -> dict:
+        nonlocal turn
+        if turn is None:
+            turn = {"role": "assistant", "content": [], "reasoning_content": None, "tool_calls": None}
+            out.append(turn)
+        return turn
+
+    for item in items:
+        kind = item["type"]
+        if kind == "message" and item["role"] == "assistant":
+            assistant()["content"] += [{"type": "text", "text": p["text"]} for p in item["content"]]
+        elif kind == "reasoning":
+            texts = [p["text"] for p in item.get("content") or item.get("summary", [])]
+            t = assistant()
+            t["reasoning_content"] = (t["reasoning_content"] or "") + "".join(texts)
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            t = assistant()
+            t["tool_calls"] = (t["tool_calls"] or []) + [call]
+        else:
+            turn = None
+            if kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item["call_id"],
+                            "content": [{"type": "text", "text": p["text"]} for p in item["output"]]})
+            else:  # developer instructions are the system prompt's kind
+                role = "system" if item["role"] == "developer" else item["role"]
+                out.append({"role": role, "content": [{"type": "text", "text": p["text"]} for p in item["content"]]})
+    return out
+
+
+def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
+    """The chat completion request that renders the same prompt and samples the same way."""
+    messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages += chat_messages(conversation)
+    choice = body.tool_choice
+    if isinstance(choice, NamedFunction):
+        choice = {"type": "function", "function": {"name": choice.name}}
+    thinking = None if body.reasoning is None or body.reasoning.effort is None else body.reasoning.effort != "none"
+    return ChatCompletionRequest.model_validate({
+        "model": body.model,
+        "messages": messages,
+        "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                  for t in body.tools] if body.tools else None,
+        "tool_choice": choice,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "max_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "chat_template_kwargs": None if thinking is None else {"enable_thinking": thinking},
+        "stream": body.stream,
+    })
+
+
+def responses_plan(model, body: ResponsesRequest, conversation: list[dict], **limits) -> Plan:
+    """What the worker runs for a Responses request (chat_plan's, with chat_plan's limits)."""
+    try:
+        return chat_plan(model, chat_request(body, conversation), **limits)
+    except APIError as e:
+        if e.param:  # name the Responses request's field
+            e.param = _renamed(e.param)
+            e.message = e.message.replace("max_tokens", "max_output_tokens")
+        raise
+
+
+def _renamed(param: str) -> str:
+    """A chat request's field as the Responses request names it ('messages[3]...' -> 'input')."""
+    head = re.split(r"[.\[]", param)[0]
+    if head in ("messages", "max_tokens"):
+        return "input" if head == "messages" else "max_output_tokens"
+    return param.replace(".function.", ".")
+
+
+def check_unicode(raw_body) -> None:
+    """A 400 naming the field whose text holds a lone surrogate (the tokenizer takes only Unicode)."""
+    found = params.lone_surrogate(raw_body)
+    if found:
+        raise bad_request(params.surrogate_message(*found), found[0])
+
+
+_TAGS = {"message", "function_call", "function_call_output", "reasoning", "input_text", "output_text",
+         "reasoning_text", "summary_text"}
+
+
+def _field_path(error: dict) -> str | None:
+    """A validation error's field: pydantic's location holds the tag of the union member it tried
+    after a list index ('input', 0, 'message', 'role'), which the request does not: 'input[0].role'."""
+    loc = list(error.get("loc", ()))
+    kept = [part for i, part in enumerate(loc) if not (part in _TAGS and i > 0 and isinstance(loc[i - 1], int))]
+    return param_of_location(kept)
+
+
+ERRORS = ErrorStyle(APIError.response, lambda exc, request: invalid_request(exc, request, _field_path))
+
+
+# ---- the store ---------------------------------------------------------------------------------
+
+class ResponseStore:
+    """Responses kept for GET and for previous_response_id: each one's body and its conversation
+    (the input items it was given, with those of the responses before it, then its output). The
+    oldest go first past `capacity` responses."""
+
+    def __init__(self, capacity: int = 1024):
+        self.capacity = capacity
+        self._kept: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, body: dict, conversation: list[dict]) -> None:
+        with self._lock:
+            self._kept[body["id"]] = (body, conversation + [_as_input(i) for i in body["output"]])
+            while len(self._kept) > self.capacity:
+                self._kept.popitem(last=False)
+
+    def get(self, response_id: str, param: str | None = None) -> tuple[dict, list[dict]]:
+        with self._lock:
+            kept = self._kept.get(response_id)
+        if kept is None:
+            raise APIError(404, f"no stored response has id {response_id!r} (responses made with store: false "
+                           f"are not kept, and only the last {self.capacity} are)", param=param,
+                           code="response_not_found")
+        return kept
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        with self._lock:
+            self._kept.pop(response_id, None)
+
+    def conversation(self, body: ResponsesRequest) -> list[dict]:
+        """The items the request continues: its previous response's conversation, then its input."""
+        before = self.get(body.previous_response_id, "previous_response_id")[1] if body.previous_response_id else []
+        return before + items_of(body)
+
+
+def _as_input(item: dict) -> dict:
+    """An output item as the input item that gives it back."""
+    kind = item["type"]
+    if kind == "message":
+        return {"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": p["text"]} for p in item["content"]]}
+    if kind == "reasoning":
+        return {"type": "reasoning", "summary": [], "content": item.get("content") or []}
+    return {"type": "function_call", "call_id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
