@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 from .. import params
 from .errors import APIError, ErrorStyle, bad_request, invalid_request, param_of_location
 from .prompts import Plan, chat_plan
-from .protocol import ChatCompletionRequest, FunctionDef, MaxTokens, NonEmpty, Temperature, TopP
+from .protocol import ChatCompletionRequest, MaxTokens, NonEmpty, Temperature, TopP
 
 # ---- requests --------------------------------------------------------------------------------
 
@@ -104,8 +104,12 @@ def _as_items(value):
     return [{"type": "message", "role": "user", "content": value}]
 
 
-class FunctionTool(FunctionDef):
-    type: Literal["function"] = Field(description="only function tools")
+class FunctionTool(_Body):
+    type: Literal["function"] = Field(description="only function tools")  # first: its error comes first
+    name: NonEmpty
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class NamedFunction(_Body):
