@@ -99,6 +99,54 @@ def test_streamed_equals_non_streamed(client, http):
         assert added == done == list(range(len(whole.output)))
 
 
+def raw_events(http, body: dict) -> list[dict]:
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    events = []
+    for frame in filter(None, text.split("\n\n")):
+        name, data = frame.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == "event: " + event["type"]
+        events.append(event)
+    return events
+
+
+def test_the_wire_format_validates_against_the_sdk_models(http):
+    """Every event and the response itself, validated strictly by the official client's models
+    (the client builds them without validating, so a missing field would pass unnoticed)."""
+    types = pytest.importorskip("openai.types.responses")
+    from pydantic import TypeAdapter
+
+    events = TypeAdapter(list[types.ResponseStreamEvent])
+    for extra in ({}, NO_THINKING, {"tools": [FUNCTION], "tool_choice": "required", **NO_THINKING}):
+        body = {"model": "tiny", "input": "Weather in Paris?", "temperature": 0, "max_output_tokens": 40, **extra}
+        streamed = raw_events(http, body)
+        events.validate_python(streamed)
+        whole = http.post("/v1/responses", json=body).json()
+        types.Response.model_validate(whole)
+        assert text_of(streamed[-1]["response"]["output"]) == text_of(whole["output"])
+        # The deltas rebuild each item's text.
+        for i, item in enumerate(whole["output"]):
+            kind = {"reasoning": "reasoning_text", "message": "output_text"}.get(item["type"])
+            if kind:
+                deltas = "".join(e["delta"] for e in streamed if e["type"] == f"response.{kind}.delta"
+                                 and e["output_index"] == i)
+                assert deltas == item["content"][0]["text"]
+
+
+def test_a_streamed_response_is_stored_as_a_whole_one_is(client, http):
+    events = raw_events(http, {"model": "tiny", "input": "Hi", "temperature": 0, "max_output_tokens": 8})
+    final = events[-1]["response"]
+    got = http.get(f"/v1/responses/{final['id']}").json()
+    assert got == final
+    unstored = raw_events(http, {"model": "tiny", "input": "Hi", "max_output_tokens": 2, "store": False})
+    status, _, _ = status_and_param(lambda: client.responses.retrieve(unstored[-1]["response"]["id"]))
+    assert status == 404
+    status, _, body = status_and_param(lambda: client.responses.delete("resp_unknown"))
+    assert status == 404 and body["code"] == "response_not_found"
+
+
 def test_reasoning_effort_none_turns_thinking_off(client, tiny_model):
     r = ask(client, "Hello", max_output_tokens=16, **NO_THINKING)
     messages = [{"role": "user", "content": "Hello"}]

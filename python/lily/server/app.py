@@ -116,7 +116,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         result = await _unless_disconnected(request, _collect(worker.generate(job)))
         if result is None:  # the client left; its job is cancelled
             return Response(status_code=499)
-        return reply.message(*result)
+        return await run_in_threadpool(reply.message, *result)  # parsing, counting, storing: off the loop
 
     @app.post("/v1/chat/completions", dependencies=auth, responses=errors.error_schema())
     async def chat_completions(body: ChatCompletionRequest, request: Request):

@@ -180,8 +180,9 @@ def chat_messages(items: list[dict]) -> list[dict]:
             assistant()["content"] += [{"type": "text", "text": p["text"]} for p in item["content"]]
         elif kind == "reasoning":
             texts = [p["text"] for p in item.get("content") or item.get("summary", [])]
-            t = assistant()
-            t["reasoning_content"] = (t["reasoning_content"] or "") + "".join(texts)
+            if texts:  # an item with no text (only encrypted content elsewhere) adds nothing
+                t = assistant()
+                t["reasoning_content"] = (t["reasoning_content"] or "") + "".join(texts)
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
@@ -284,19 +285,24 @@ class ResponseStore:
         with self._lock:
             kept = self._kept.get(response_id)
         if kept is None:
-            raise APIError(404, f"no stored response has id {response_id!r} (responses made with store: false "
-                           f"are not kept, and only the last {self.capacity} are)", param=param,
-                           code="response_not_found")
+            raise self._missing(response_id, param)
         return kept
 
     def delete(self, response_id: str) -> None:
-        self.get(response_id)
         with self._lock:
-            self._kept.pop(response_id, None)
+            if self._kept.pop(response_id, None) is None:
+                raise self._missing(response_id)
+
+    def _missing(self, response_id: str, param: str | None = None) -> APIError:
+        kept = (f"only the last {self.capacity} are" if self.capacity else
+                "this server keeps none (--stored-responses 0)")
+        return APIError(404, f"no stored response has id {response_id!r} (responses made with store: false are "
+                        f"not kept, and {kept})", param=param, code="response_not_found")
 
     def conversation(self, body: ResponsesRequest) -> list[dict]:
         """The items the request continues: its previous response's conversation, then its input."""
-        before = self.get(body.previous_response_id, "previous_response_id")[1] if body.previous_response_id else []
+        before = [] if body.previous_response_id is None else self.get(body.previous_response_id,
+                                                                       "previous_response_id")[1]
         return before + items_of(body)
 
 

@@ -130,11 +130,12 @@ class ResponseReply:
         b = self.request
         done = outcome is not None
         cut = done and outcome.finish_reason == "length"
+        status = {"length": "incomplete", "cancelled": "cancelled"}.get(outcome.finish_reason, "completed") if done \
+            else "in_progress"
         choice = b.tool_choice.model_dump() if hasattr(b.tool_choice, "model_dump") else b.tool_choice or "auto"
         return {
-            "id": self.id, "object": "response", "created_at": self.created,
-            "status": ("incomplete" if cut else "completed") if done else "in_progress",
-            "completed_at": int(time.time()) if done and not cut else None,
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
             "error": None, "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "model": self.model_name,
             "output": self.output.items if done else [], "parallel_tool_calls": b.parallel_tool_calls is not False,
@@ -149,7 +150,7 @@ class ResponseReply:
     def _usage(self, outcome: Outcome) -> dict:
         reasoning = "".join(i["content"][0]["text"] for i in self.output.items if i["type"] == "reasoning")
         return {"input_tokens": outcome.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
+                "input_tokens_details": {"cached_tokens": outcome.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": outcome.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": min(self.count_tokens(reasoning), outcome.completion_tokens)
                                           if reasoning else 0},
@@ -158,7 +159,7 @@ class ResponseReply:
     def _finish(self, outcome: Outcome) -> tuple[list[dict], dict]:
         """The last items' events, and the finished response (kept when the request says store)."""
         events = self.output.add(self.parser.finish())
-        events += self.output.close("incomplete" if outcome.finish_reason == "length" else "completed")
+        events += self.output.close("completed" if outcome.finish_reason == "stop" else "incomplete")
         response = self._response(outcome)
         if outcome.finish_reason != "cancelled" and self.request.store:
             self.keep(response)
@@ -191,7 +192,7 @@ class ResponseReply:
                         last, response = self._finish(event)
                         for e in last:
                             yield self._event(e)
-                        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+                        kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
                         yield self._event({"type": kind, "response": response})
         except Exception as e:  # the status line is sent already: report in the stream
             err = stream_error(e, count_failure)
