@@ -5,6 +5,7 @@
 # Writes OUT_DIR/verify.ncu-rep, summary.txt (every section, per kernel), metrics.csv (one row a
 # launch) and source_<kernel>.csv (per-SASS stall samples of its last profiled launch). A launch
 # costs ~1.6 s of 23 replay passes over the engine's 19 GB: profile a few, not a step's 280.
+# LILY_NCU_KEEP_BUILD=1 skips the build (a second run in the same call).
 set -uo pipefail
 OUT=${1:?usage: scripts/ncu_verify.sh OUT_DIR [ROWS] [KERNELS]}
 ROWS=${2:-4}
@@ -13,9 +14,12 @@ LAUNCHES=${4:-6}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
-rm -rf /tmp/lily
-python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/lily . > "$OUT/build_package.log" 2>&1 || { tail -30 "$OUT/build_package.log"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+if [ -z "${LILY_NCU_KEEP_BUILD:-}" ]; then  # set: profile the package a previous run built
+  rm -rf /tmp/lily
+  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/lily . > "$OUT/build_package.log" 2>&1 ||
+    { tail -30 "$OUT/build_package.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
 export PYTHONPATH=/tmp/lily
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SourceCounters"

@@ -256,6 +256,9 @@ def test_the_store_keeps_the_newest(tiny_model):
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call", "call_id": "1", "name": "f", "arguments": "{not json"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+    ({"input": [{"type": "reasoning", "content": None}]}, "input"),  # nothing to answer (was a 500)
+    ({"input": [{"type": "function_call_output", "call_id": "1", "output": [{"type": "input_file"}]}]},
+     "input[0].output[0]"),
 ])
 def test_bad_requests_are_400_naming_the_parameter(client, kwargs, param):
     kwargs = {"model": "tiny", "input": "Hi", "max_output_tokens": 4, **kwargs}

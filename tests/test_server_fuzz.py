@@ -22,7 +22,8 @@ from test_server import live_server, make_app  # noqa: E402
 MAX_EXAMPLES = 40  # per operation and mode; keeps the run CI-sized
 OPERATIONS = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/messages",
               "POST /v1/messages/count_tokens", "POST /v1/responses", "GET /v1/responses/{response_id}",
-              "DELETE /v1/responses/{response_id}", "GET /v1/models", "GET /v1/models/{model_id}", "GET /health")
+              "DELETE /v1/responses/{response_id}", "GET /v1/models", "GET /v1/models/{model_id}", "GET /health",
+              "GET /metrics", "POST /tokenize", "POST /detokenize")
 
 
 @pytest.fixture(scope="module")

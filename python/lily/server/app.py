@@ -9,14 +9,14 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from .. import params
 from .._lily import LilyError
 from .._version import __version__
-from . import anthropic, errors, responses_api
+from . import anthropic, errors, operations, responses_api
 from .anthropic import CountTokensRequest, MessagesRequest
 from .anthropic_reply import MessageReply
 from .responses_api import ResponsesRequest, ResponseStore
@@ -82,6 +82,8 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
                   version=__version__, lifespan=lifespan)
     app.state.worker = worker
     stored = ResponseStore(config.stored_responses)
+    answered = operations.RequestCounter()
+    app.add_middleware(operations.CountAnswers, counter=answered)
     errors.install(app, worker.count_failure, {"/v1/messages": anthropic.ERRORS, "/v1/responses": responses_api.ERRORS})
     auth = [Depends(_api_key_check(config.api_key))] if config.api_key else []
 
@@ -92,6 +94,25 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
 
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": started, "owned_by": "lily", "max_model_len": context}
+
+    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse,
+             summary="Prometheus metrics: requests, tokens, prefill/decode seconds, queue, prefix cache")
+    async def metrics():
+        return PlainTextResponse(operations.prometheus_text(worker.status(), answered),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize", dependencies=auth, responses=errors.error_schema())
+    async def tokenize(body: operations.TokenizeRequest, request: Request):
+        if body.model is not None:
+            check_model(body.model)
+        errors.check_unicode(await request.json())
+        return await run_in_threadpool(operations.tokenize, model, body, context)
+
+    @app.post("/detokenize", dependencies=auth, responses=errors.error_schema())
+    async def detokenize(body: operations.DetokenizeRequest):
+        if body.model is not None:
+            check_model(body.model)
+        return await run_in_threadpool(operations.detokenize, model, body)
 
     @app.get("/health", summary="liveness, queue and cache counters")
     async def health():
@@ -149,7 +170,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     @app.post("/v1/responses", dependencies=auth, responses=errors.error_schema())
     async def responses(body: ResponsesRequest, request: Request):
         check_model(body.model)
-        responses_api.check_unicode(await request.json())
+        errors.check_unicode(await request.json())
         conversation = stored.conversation(body)
         plan = await run_in_threadpool(responses_api.responses_plan, model, body, conversation, context=context,
                                        max_tokens_limit=limit, defaults=defaults)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from .. import params
 from .._lily import LilyError
 
 log = logging.getLogger("lily.server")
@@ -38,6 +39,14 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def check_unicode(raw_body) -> None:
+    """A 400 naming the field (as OpenAI names fields: 'input[0].content') whose text holds a lone
+    surrogate: the tokenizer takes only Unicode."""
+    found = params.lone_surrogate(raw_body)
+    if found:
+        raise bad_request(params.surrogate_message(*found), found[0])
 
 
 def stream_error(e: Exception, count_failure) -> APIError:

@@ -17,10 +17,9 @@ import threading
 from collections import OrderedDict
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from .. import params
 from .errors import APIError, ErrorStyle, bad_request, invalid_request, param_of_location
 from .prompts import Plan, chat_plan
 from .protocol import ChatCompletionRequest, MaxTokens, NonEmpty, Temperature, TopP
@@ -201,8 +200,12 @@ def chat_messages(items: list[dict]) -> list[dict]:
 
 def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
     """The chat completion request that renders the same prompt and samples the same way."""
+    turns = chat_messages(conversation)
+    if not turns:  # e.g. only reasoning items without text
+        raise bad_request("input holds nothing for the model to answer (no message, function call or output)",
+                          "input")
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages += chat_messages(conversation)
+    messages += turns
     choice = body.tool_choice
     if isinstance(choice, NamedFunction):
         choice = {"type": "function", "function": {"name": choice.name}}
@@ -225,7 +228,11 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatComple
 def responses_plan(model, body: ResponsesRequest, conversation: list[dict], **limits) -> Plan:
     """What the worker runs for a Responses request (chat_plan's, with chat_plan's limits)."""
     try:
-        return chat_plan(model, chat_request(body, conversation), **limits)
+        try:
+            chat = chat_request(body, conversation)
+        except ValidationError as e:  # items valid one by one, together not a chat
+            raise bad_request(f"input cannot be read as a conversation: {e.errors()[0]['msg']}", "input") from e
+        return chat_plan(model, chat, **limits)
     except APIError as e:
         if e.param:  # name the Responses request's field
             e.param = _renamed(e.param)
@@ -239,13 +246,6 @@ def _renamed(param: str) -> str:
     if head in ("messages", "max_tokens"):
         return "input" if head == "messages" else "max_output_tokens"
     return param.replace(".function.", ".")
-
-
-def check_unicode(raw_body) -> None:
-    """A 400 naming the field whose text holds a lone surrogate (the tokenizer takes only Unicode)."""
-    found = params.lone_surrogate(raw_body)
-    if found:
-        raise bad_request(params.surrogate_message(*found), found[0])
 
 
 _TAGS = {"message", "function_call", "function_call_output", "reasoning", "input_text", "output_text",

@@ -81,6 +81,9 @@ class WorkerStats:
     completion_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    prefill_seconds: float = 0.0  # feeding prompts
+    decode_seconds: float = 0.0  # generating after each reply's first token
+    decoded_tokens: int = 0  # the tokens of decode_seconds
 
 
 class Worker:
@@ -204,6 +207,9 @@ class Worker:
         s.completion_tokens += outcome.completion_tokens
         s.draft_tokens += outcome.draft_tokens
         s.accepted_tokens += outcome.accepted_tokens
+        s.prefill_seconds += outcome.prefill_seconds
+        s.decode_seconds += outcome.decode_seconds
+        s.decoded_tokens += max(outcome.completion_tokens - 1, 0)
         emit(outcome)
 
     def count_failure(self, error: BaseException) -> None:
