@@ -102,7 +102,7 @@ class ToolChoiceNone(_Body):
 
 class ThinkingEnabled(_Body):
     type: Literal["enabled", "adaptive"]
-    budget_tokens: int | None = Field(None, ge=1, description="accepted; thinking is not cut short yet")
+    budget_tokens: int | None = Field(None, ge=1, description="reasoning tokens before the server closes the block")
 
 
 class ThinkingDisabled(_Body):
@@ -160,7 +160,8 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         "tools": tools or None,
         "tool_choice": _chat_tool_choice(body.tool_choice),
         "chat_template_kwargs": None if body.thinking is None else {
-            "enable_thinking": body.thinking.type != "disabled"},
+            "enable_thinking": body.thinking.type != "disabled",
+            **({"thinking_budget": body.thinking.budget_tokens} if getattr(body.thinking, "budget_tokens", None) else {})},
         **body.sampling(),
     })
 

@@ -129,7 +129,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
 
     async def respond(request: Request, plan, reply, stream: bool):
         worker.admit()
-        job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced)
+        job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced, plan.thinking)
         if stream:
             return StreamingResponse(reply.stream(worker.generate(job), worker.count_failure),
                                      media_type="text/event-stream",

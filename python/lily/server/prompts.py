@@ -7,11 +7,13 @@ import json
 from dataclasses import dataclass, field
 
 from .. import params
+from ..params import INT32_MAX
 from .._lily import LilyError
 from ..prefix_cache import reply_start
 from ..tool_calls import prompt_opens_reasoning
 from .errors import APIError, bad_request, log
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .thinking import EFFORT_BUDGETS, ThinkingBudget, thinking_budget
 from .tool_choice import ForcedCall, forced_call
 
 # Template variables a request may not set through chat_template_kwargs.
@@ -27,6 +29,7 @@ class Plan:
     parse_tools: bool = False
     tools: list[dict] | None = None
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
+    thinking: ThinkingBudget | None = None  # the reasoning block is closed after its tokens
     include_usage: bool = False
 
 
@@ -67,6 +70,7 @@ class ChatPrompt:
     text: str
     ids: list[int]
     tools: list[dict] | None  # the tools rendered into it (none when tool_choice is "none")
+    thinking_budget: int | None = None  # reasoning tokens the request allows (None: no budget)
 
 
 def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_limit: int | None,
@@ -78,7 +82,8 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
     in_reasoning = prompt_opens_reasoning(prompt.text)
     plan = Plan(ids, _options(req, asked, len(ids), context, max_tokens_limit, defaults),
                 checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
-                parse_tools=tools is not None, tools=tools, forced=forced_call(model, req, tools, in_reasoning))
+                parse_tools=tools is not None, tools=tools, forced=forced_call(model, req, tools, in_reasoning),
+                thinking=thinking_budget(model, prompt.thinking_budget, in_reasoning))
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
 
@@ -95,12 +100,20 @@ def chat_prompt(model, req: ChatCompletionRequest) -> ChatPrompt:
     enable_thinking = kwargs.pop("enable_thinking", None)
     if enable_thinking is not None and not isinstance(enable_thinking, bool):
         raise bad_request("enable_thinking must be true or false", "chat_template_kwargs.enable_thinking")
+    budget = kwargs.pop("thinking_budget", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= INT32_MAX):
+        raise bad_request("thinking_budget must be a whole number of tokens, 0 or more",
+                          "chat_template_kwargs.thinking_budget")
+    if req.reasoning_effort == "none" and enable_thinking is None:
+        enable_thinking = False
+    elif req.reasoning_effort not in (None, "none") and budget is None:
+        budget = EFFORT_BUDGETS[req.reasoning_effort]
     messages = [_message(m, i) for i, m in enumerate(req.messages)]
     try:
         text = model.apply_chat_template(messages, tools=tools, enable_thinking=enable_thinking, **kwargs)
     except LilyError as e:
         raise bad_request(str(e), "messages") from e
-    return ChatPrompt(text, model.encode(text), tools)
+    return ChatPrompt(text, model.encode(text), tools, budget)
 
 
 def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int | None,

@@ -132,7 +132,10 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="extra chat template variables, e.g. {'enable_thinking': false}")
+        None, description="extra chat template variables, e.g. {'enable_thinking': false}; thinking_budget: "
+                          "reasoning tokens before the server closes the block (server/thinking.py)")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="'none' turns thinking off; the others are thinking budgets (256, 1024, 4096, none)")
     logprobs: Literal[False] | None = Field(None, description="not supported")
 
 

@@ -35,9 +35,11 @@ class ReplyWriter:
         if run is not None:
             run.cancel()
 
-    def generate(self, **options) -> GenerationResult:
-        """Generates on from the session: the reply's options, overridden by `options`."""
-        run = self.session.generate(None, stream=True, **{**self.options, **options, "max_tokens": self.tokens_left})
+    def generate(self, limit: int | None = None, **options) -> GenerationResult:
+        """Generates on from the session: the reply's options, overridden by `options`; at most
+        `limit` tokens (and what is left of the reply's max_tokens)."""
+        most = self.tokens_left if limit is None else min(limit, self.tokens_left)
+        run = self.session.generate(None, stream=True, **{**self.options, **options, "max_tokens": most})
         self._run = run
         if self._cancelled:  # cancel() ran before the run was visible to it
             run.cancel()

@@ -126,7 +126,8 @@ class TextConfig(_Body):
 
 class Reasoning(_Body):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
-        None, description="'none' turns the template's thinking off; any other effort leaves it on")
+        None, description="'none' turns the template's thinking off; the others are thinking budgets "
+                          "(256, 1024, 4096, none)")
     summary: str | None = Field(None, description="accepted; the reasoning item carries the text itself")
 
 
@@ -209,7 +210,6 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatComple
     choice = body.tool_choice
     if isinstance(choice, NamedFunction):
         choice = {"type": "function", "function": {"name": choice.name}}
-    thinking = None if body.reasoning is None or body.reasoning.effort is None else body.reasoning.effort != "none"
     return ChatCompletionRequest.model_validate({
         "model": body.model,
         "messages": messages,
@@ -220,7 +220,7 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatComple
         "max_tokens": body.max_output_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
-        "chat_template_kwargs": None if thinking is None else {"enable_thinking": thinking},
+        "reasoning_effort": body.reasoning.effort if body.reasoning else None,
         "stream": body.stream,
     })
 

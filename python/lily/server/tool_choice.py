@@ -17,6 +17,7 @@ from ..tool_calls import CALL_CLOSE, CALL_OPEN, THINK_CLOSE
 from .errors import bad_request
 from .protocol import ChatCompletionRequest
 from .reply import ReplyWriter
+from .thinking import ThinkingBudget, reason
 
 _FUNCTION_OPEN = "\n<function="
 
@@ -53,21 +54,21 @@ def forced_call(model, req: ChatCompletionRequest, tools: list[dict] | None, in_
     return ForcedCall(names, in_reasoning, think_close, call_open, call_close)
 
 
-def write_forced_call(reply: ReplyWriter, forced: ForcedCall) -> str:
-    """Writes the whole reply as reasoning (if any) and one forced call; returns the finish reason."""
+def write_forced_call(reply: ReplyWriter, forced: ForcedCall, thinking: ThinkingBudget | None = None) -> str:
+    """Writes the whole reply as reasoning (if any, within `thinking`'s budget) and one forced
+    call; returns the finish reason."""
     opening = CALL_OPEN + _FUNCTION_OPEN
     if forced.in_reasoning:
-        result = reply.generate(stop_token_ids=[forced.think_close, forced.call_open])
-        if result.finish_reason != "stop":
-            return result.finish_reason
-        ended_by = result.token_ids[-1]
-        if ended_by == forced.call_open:  # the model opens the call itself, still reasoning
+        finish, ended_by = reason(reply, thinking or ThinkingBudget(None, forced.think_close), (forced.call_open,))
+        if finish not in ("stop", "closed"):  # "closed": the budget ran out and closed the block
+            return finish
+        if finish == "stop" and ended_by == forced.call_open:  # the model opens the call itself, still reasoning
             reply.emit(CALL_OPEN)
             opening = _FUNCTION_OPEN
-        elif ended_by == forced.think_close:
+        elif finish == "stop" and ended_by == forced.think_close:
             reply.emit(THINK_CLOSE)
             opening = "\n\n" + opening
-        else:  # its stop token or a stop string ended the reasoning: close it for the model
+        elif finish == "stop":  # its stop token or a stop string ended the reasoning: close it for the model
             opening = "\n" + THINK_CLOSE + "\n\n" + opening
     if not _force_function(reply, opening, forced.names) or reply.tokens_left == 0:
         return "length"  # the opening did not fit, or took the last tokens: the call stays unfinished

@@ -19,6 +19,7 @@ from .._lily import LilyError
 from ..prefix_cache import PrefixCache
 from .errors import APIError, log
 from .reply import ReplyWriter
+from .thinking import ThinkingBudget, write_reply
 from .tool_choice import ForcedCall, write_forced_call
 
 
@@ -28,6 +29,7 @@ class Job:
     options: dict  # Session.generate keyword arguments (sampling, max_tokens, stop)
     checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
+    thinking: ThinkingBudget | None = None  # the reasoning block is closed after its tokens
     cancelled: bool = False
     _reply: ReplyWriter | None = field(default=None, init=False, repr=False)
 
@@ -181,9 +183,9 @@ class Worker:
             emit(Prefilled(len(job.ids), cached))
             reply = job.start_reply(self.session, emit, self._eos_text, self.generate_options)
             if job.forced is None:
-                finish_reason = reply.generate().finish_reason
+                finish_reason = write_reply(reply, job.thinking)
             else:
-                finish_reason = write_forced_call(reply, job.forced)
+                finish_reason = write_forced_call(reply, job.forced, job.thinking)
             if finish_reason != "cancelled":
                 self.cache.store(self.session)  # the reply: the next turn may continue from it
             self._finish(emit, Outcome(finish_reason, len(job.ids), cached, reply.tokens,
