@@ -116,8 +116,9 @@ def run_stream(reply, events) -> list[dict]:
 
 def check_event_order(events: list[dict]) -> None:
     """message_start, then each block's start, deltas and stop (a thinking block's signature
-    last), then message_delta and message_stop."""
+    last), then message_delta and message_stop; pings anywhere after message_start."""
     assert events[0]["type"] == "message_start" and events[0]["message"]["content"] == []
+    events = [e for e in events if e["type"] != "ping"]
     assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
     open_block = None
     for e in events[1:-2]:
@@ -226,6 +227,7 @@ def test_streamed_equals_non_streamed(client, http):
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == (
         whole.usage.input_tokens + whole.usage.cache_read_input_tokens)
     events = stream_events(http, {**kwargs, "temperature": 0})
+    assert events[1] == {"type": "ping"}  # as Anthropic's streams start
     check_event_order(events)
     assert events[-2]["usage"]["output_tokens"] == whole.usage.output_tokens
     assert events[0]["message"]["id"].startswith("msg_")
@@ -491,3 +493,36 @@ def test_a_full_queue_is_529_overloaded(strict, long_messages):  # noqa: F811
                 time.sleep(0.01)
             r = h.post("/v1/messages", json=BASE)
             assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error", r.text
+
+
+BILLING = "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={};"
+
+
+def test_the_billing_header_is_dropped_so_turns_share_their_prefix(client, tiny_model):
+    """Claude Code's first system block changes on every request (cch=); without it both turns
+    render the same system prompt, so the second reads the first from the cache."""
+    def system(nonce):
+        return [{"type": "text", "text": BILLING.format(nonce)}, {"type": "text", "text": "You are terse."}]
+
+    plain = messages_api.chat_request(messages_api.MessagesRequest.model_validate(
+        {"model": "tiny", "max_tokens": 4, "system": "You are terse.", "messages": [user("Hi")]}))
+    for given in (system("eb6c6"), BILLING.format("0aaa9") + "\nYou are terse."):
+        body = messages_api.MessagesRequest.model_validate(
+            {"model": "tiny", "max_tokens": 4, "system": given, "messages": [user("Hi")]})
+        assert chat_prompt(tiny_model, messages_api.chat_request(body)).ids == chat_prompt(tiny_model, plain).ids
+        kept = chat_prompt(tiny_model, messages_api.chat_request(body, strip_billing_header=False))
+        assert "cch=" in kept.text
+    first = ask(client, "Name a colour.", system=system("aaaaa"), thinking=OFF, max_tokens=4)
+    second = ask(client, "Name a colour.", system=system("bbbbb"), thinking=OFF, max_tokens=4)
+    assert second.usage.cache_read_input_tokens > 0
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == (
+        first.usage.input_tokens + first.usage.cache_read_input_tokens)
+    assert client.messages.count_tokens(model="tiny", system=system("ccccc"), messages=[user("Name a colour.")],
+                                        thinking=OFF).input_tokens == first.usage.input_tokens + first.usage.cache_read_input_tokens
+
+
+def test_a_billing_header_only_at_the_start_of_a_block_is_dropped():
+    blocks = [messages_api.TextBlock(type="text", text=t) for t in (
+        BILLING.format("1"), "Use x-anthropic-billing-header: as a word.", "", "A\n" + BILLING.format("2"))]
+    assert [b.text for b in messages_api.without_billing_header(blocks)] == [
+        "Use x-anthropic-billing-header: as a word.", "", "A\n" + BILLING.format("2")]

@@ -909,3 +909,53 @@ def test_a_speculative_server_replies_as_a_plain_one(tmp_path):
     want = replies(plain)
     assert replies(spec, speculative="mtp", draft_tokens=2) == want
     assert replies(spec, speculative="mtp") == want
+
+
+def test_streams_send_keepalives_while_nothing_happens():
+    """with_pings: a Ping each time the wait passes its interval, the awaited event kept (not
+    cancelled), and closing it closes the events it wraps."""
+    import asyncio
+
+    from lily.server.worker import Ping, with_pings
+
+    closed = []
+
+    async def slow():
+        try:
+            yield "a"
+            await asyncio.sleep(0.25)
+            yield "b"
+            await asyncio.sleep(10)
+            yield "never"
+        finally:
+            closed.append(True)
+
+    async def run():
+        got = []
+        stream = with_pings(slow(), 0.05)
+        async for event in stream:
+            got.append("ping" if isinstance(event, Ping) else event)
+            if event == "b":
+                break
+        await stream.aclose()
+        return got
+
+    got = asyncio.run(run())
+    assert got[0] == "a" and got[-1] == "b" and 3 <= got.count("ping") <= 6 and closed == [True]
+
+
+def test_a_stream_with_nothing_to_send_pings(tiny_model):
+    """Every API's stream sends a keepalive while the reply is slow to come: here a 1 ms interval
+    against a prefill of 600 new tokens (each route its own prompt, so none is cached)."""
+    httpx = pytest.importorskip("httpx")
+    sse_comment, anthropic_ping = ": ping\n\n", 'event: ping\ndata: {"type": "ping"}\n\n'
+    with live_server(make_app(tiny_model, ping_seconds=0.001)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        for route, field, ping in (("/v1/chat/completions", "messages", sse_comment), ("/v1/completions", "prompt", sse_comment),
+                                   ("/v1/responses", "input", sse_comment), ("/v1/messages", "messages", anthropic_ping)):
+            text = route + " " + "word " * 600
+            prompt = text if field == "prompt" else [{"role": "user", "content": text}]
+            limit = "max_output_tokens" if route == "/v1/responses" else "max_tokens"
+            body = {"model": "tiny", field: prompt, limit: 3, "temperature": 0, "stream": True}
+            with c.stream("POST", route, json=body) as r:
+                got = "".join(r.iter_text())
+            assert r.status_code == 200 and ping in got, (route, got[:300])

@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
                    help=f"{params.MAX_QUEUE.help} (default: {params.MAX_QUEUE.default})")
     p.add_argument("--max-tokens-limit", type=params.MAX_TOKENS_LIMIT.parse, default=None,
                    help=params.MAX_TOKENS_LIMIT.help)
+    p.add_argument("--keep-billing-header", action="store_true",
+                   help="leave Claude Code's x-anthropic-billing-header line in the system prompt (by default it "
+                        "is dropped: its per-request hash would defeat the prefix cache)")
     p.add_argument("--stored-responses", type=params.STORED_RESPONSES.parse, default=params.STORED_RESPONSES.default,
                    help=f"{params.STORED_RESPONSES.help} (default: {params.STORED_RESPONSES.default})")
     _add_speculative_args(p)
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(model_name=args.model_name, aliases=(args.model,), api_key=args.api_key,
                           context=args.context, cache_bytes=args.cache_mb << 20,
                           max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
-                          stored_responses=args.stored_responses,
+                          stored_responses=args.stored_responses, strip_billing_header=not args.keep_billing_header,
                           speculative=args.speculative, draft_tokens=args.draft_tokens)
     model = Model.load(args.model, device=args.device, mtp=args.speculative == "mtp")
     app = create_app(model, config)

@@ -147,9 +147,27 @@ class MessagesRequest(CountTokensRequest):
 
 # ---- the equivalent chat request ---------------------------------------------------------------
 
-def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
-    """The chat completion request that renders the same prompt and samples the same way."""
-    messages = [{"role": "system", "content": _parts(body.system)}] if body.system else []
+# Claude Code opens its system prompt with this line, its cch= hash new on every request: left
+# in, no two turns' prompts would share more than the tokens before it (no prefix cache hit).
+_BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:[^\n]*(\n|$)")
+
+
+def without_billing_header(blocks: list[TextBlock]) -> list[TextBlock]:
+    """The system blocks with the billing-header line taken from the start of each (a block that
+    held only it goes)."""
+    out = []
+    for b in blocks:
+        text = _BILLING_HEADER.sub("", b.text, count=1)
+        if text or not b.text:
+            out.append(b if text == b.text else TextBlock(type="text", text=text))
+    return out
+
+
+def chat_request(body: CountTokensRequest, strip_billing_header: bool = True) -> ChatCompletionRequest:
+    """The chat completion request that renders the same prompt and samples the same way
+    (without Claude Code's billing header unless strip_billing_header is off)."""
+    system = without_billing_header(body.system or []) if strip_billing_header else body.system
+    messages = [{"role": "system", "content": _parts(system)}] if system else []
     for m in body.messages:
         messages += _user_turn(m.content) if m.role == "user" else [_assistant_turn(m.content)]
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
@@ -199,16 +217,16 @@ def _assistant_turn(blocks) -> dict:
             "reasoning_content": "".join(thinking) if thinking else None, "tool_calls": calls or None}
 
 
-def messages_plan(model, body: MessagesRequest, **limits) -> Plan:
+def messages_plan(model, body: MessagesRequest, strip_billing_header: bool = True, **limits) -> Plan:
     """What the worker runs for a Messages request (chat_plan's, with chat_plan's limits)."""
     with _fields_renamed():
-        return chat_plan(model, chat_request(body), **limits)
+        return chat_plan(model, chat_request(body, strip_billing_header), **limits)
 
 
-def count_tokens(model, body: CountTokensRequest) -> int:
+def count_tokens(model, body: CountTokensRequest, strip_billing_header: bool = True) -> int:
     """The prompt length of the request, as messages_plan builds the prompt."""
     with _fields_renamed():
-        return len(chat_prompt(model, chat_request(body)).ids)
+        return len(chat_prompt(model, chat_request(body, strip_billing_header)).ids)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from ..tool_calls import AssistantStream, Delta
 from .anthropic import error_body
 from .errors import stream_error
 from .prompts import Plan
-from .worker import Outcome, Prefilled
+from .worker import Outcome, Ping, Prefilled
 
 
 def sse(data: dict) -> str:
@@ -124,9 +124,12 @@ class MessageReply:
         try:
             async with aclosing(events) as events:
                 async for event in events:
-                    if isinstance(event, Prefilled):
+                    if isinstance(event, Ping):
+                        yield sse({"type": "ping"})
+                    elif isinstance(event, Prefilled):
                         start = self._message([], usage(event.prompt_tokens, event.cached_tokens, 0))
                         yield sse({"type": "message_start", "message": start})
+                        yield sse({"type": "ping"})  # as Anthropic's streams do
                     elif isinstance(event, str):
                         for e in self.content.add(self.parser.feed(event)):
                             yield sse(e)

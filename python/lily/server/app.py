@@ -25,7 +25,7 @@ from .errors import APIError, bad_request
 from .prompts import Defaults, chat_plan, completion_plan
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import ChatReply, CompletionReply
-from .worker import Job, Outcome, Worker
+from .worker import Job, Outcome, Worker, with_pings
 
 
 @dataclass
@@ -40,6 +40,8 @@ class ServerConfig:
     speculative: str | None = None  # "mtp": every reply decodes speculatively (a model loaded with mtp=True)
     draft_tokens: int | str | None = None  # with speculative: 1-3 or "auto" (the default)
     stored_responses: int = params.STORED_RESPONSES.default  # Responses API: kept for GET and previous_response_id
+    ping_seconds: float = 15.0  # a stream with nothing to send for this long sends a keepalive
+    strip_billing_header: bool = True  # Messages API: drop Claude Code's per-request system line (prefix reuse)
 
     def check(self, model_context: int) -> None:
         """LilyError naming the setting that breaks lily.params' rules (the CLI's flags too)."""
@@ -51,6 +53,8 @@ class ServerConfig:
         params.CACHE_BYTES.check(self.cache_bytes)
         params.speculation(self.speculative, self.draft_tokens)
         params.STORED_RESPONSES.check(self.stored_responses)
+        if not self.ping_seconds > 0:
+            raise LilyError(f"ping_seconds must be positive, not {self.ping_seconds}")
 
     def generate_options(self, model) -> dict:
         """What every reply's Session.generate adds (speculative decoding), checked against the model."""
@@ -131,7 +135,8 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
         worker.admit()
         job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced, plan.thinking)
         if stream:
-            return StreamingResponse(reply.stream(worker.generate(job), worker.count_failure),
+            events = with_pings(worker.generate(job), config.ping_seconds)
+            return StreamingResponse(reply.stream(events, worker.count_failure),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         result = await _unless_disconnected(request, _collect(worker.generate(job)))
@@ -157,15 +162,16 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
     async def messages(body: MessagesRequest, request: Request):
         check_model(body.model)
         anthropic.check_unicode(await request.json())
-        plan = await run_in_threadpool(anthropic.messages_plan, model, body, context=context,
-                                       max_tokens_limit=limit, defaults=defaults)
+        plan = await run_in_threadpool(anthropic.messages_plan, model, body, config.strip_billing_header,
+                                       context=context, max_tokens_limit=limit, defaults=defaults)
         return await respond(request, plan, MessageReply(name, plan), body.stream)
 
     @app.post("/v1/messages/count_tokens", dependencies=auth, responses=anthropic.error_schema())
     async def count_tokens(body: CountTokensRequest, request: Request):
         check_model(body.model)
         anthropic.check_unicode(await request.json())
-        return {"input_tokens": await run_in_threadpool(anthropic.count_tokens, model, body)}
+        return {"input_tokens": await run_in_threadpool(anthropic.count_tokens, model, body,
+                                                        config.strip_billing_header)}
 
     @app.post("/v1/responses", dependencies=auth, responses=errors.error_schema())
     async def responses(body: ResponsesRequest, request: Request):

@@ -11,7 +11,9 @@ from typing import AsyncIterator
 from ..tool_calls import AssistantStream, Delta
 from .errors import stream_error
 from .prompts import Plan
-from .worker import Outcome
+from .worker import Outcome, Ping
+
+PING = ": ping\n\n"  # an SSE comment: clients skip it, proxies and idle timers see bytes
 
 
 def sse(data: dict | str) -> str:
@@ -83,7 +85,9 @@ class ChatReply(_Reply):
         try:
             async with aclosing(events) as events:
                 async for event in events:
-                    if isinstance(event, Outcome):
+                    if isinstance(event, Ping):
+                        yield PING
+                    elif isinstance(event, Outcome):
                         for chunk in self._delta_chunks(self.parser.finish()):
                             yield chunk
                         yield self._chunk({}, self._finish_reason(event))
@@ -114,7 +118,9 @@ class CompletionReply(_Reply):
         try:
             async with aclosing(events) as events:
                 async for event in events:
-                    if isinstance(event, Outcome):
+                    if isinstance(event, Ping):
+                        yield PING
+                    elif isinstance(event, Outcome):
                         yield sse(self._body([self._choice("", event.finish_reason)], **extra))
                         if self.plan.include_usage:
                             yield sse(self._body([], usage=usage(event)))

@@ -15,7 +15,8 @@ from ..tool_calls import AssistantStream, Delta
 from .errors import stream_error
 from .prompts import Plan
 from .responses_api import ResponsesRequest
-from .worker import Outcome
+from .responses import PING
+from .worker import Outcome, Ping
 
 
 def sse(data: dict) -> str:
@@ -185,7 +186,9 @@ class ResponseReply:
         try:
             async with aclosing(events) as events:
                 async for event in events:
-                    if isinstance(event, str):
+                    if isinstance(event, Ping):
+                        yield PING
+                    elif isinstance(event, str):
                         for e in self.output.add(self.parser.feed(event)):
                             yield self._event(e)
                     elif isinstance(event, Outcome):

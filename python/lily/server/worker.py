@@ -73,6 +73,32 @@ class Outcome:
 
 
 @dataclass
+class Ping:
+    """No event for a while (a long prefill, a slow reader's pause): a stream sends a keepalive."""
+
+
+async def with_pings(events: AsyncIterator, seconds: float) -> AsyncIterator:
+    """`events`, with a Ping whenever `seconds` pass without one. The event being awaited is kept
+    waiting, not cancelled; closing this closes `events` (which cancels its job)."""
+    pending = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(events.__anext__())
+            while not (await asyncio.wait({pending}, timeout=seconds))[0]:
+                yield Ping()
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})  # events is not running once this returns
+        await events.aclose()
+
+
+@dataclass
 class WorkerStats:
     requests: int = 0
     completed: int = 0
