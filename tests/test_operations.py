@@ -97,3 +97,19 @@ def test_the_key_guards_metrics_and_the_tokenizer(tiny_model):
             assert c.request(method, route, json=body).status_code == 401
             ok = c.request(method, route, json=body, headers={"Authorization": "Bearer secret"})
             assert ok.status_code == 200, ok.text
+
+
+def test_a_500_is_counted_in_the_metrics(tiny_model, monkeypatch):
+    """A route's unexpected error is answered by the server-error layer, outside the counting
+    middleware, and still counted."""
+    httpx = pytest.importorskip("httpx")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken")
+
+    with live_server(make_app(tiny_model)) as url:
+        with monkeypatch.context() as m:
+            m.setattr(tiny_model, "encode", broken)
+            assert httpx.post(url + "/tokenize", json={"prompt": "x"}, timeout=60).status_code == 500
+        text = httpx.get(url + "/metrics", timeout=60).text
+    assert 'lily_http_requests_total{method="POST",route="/tokenize",status="500"} 1' in text

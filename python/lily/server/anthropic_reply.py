@@ -121,12 +121,15 @@ class MessageReply:
     async def stream(self, events: AsyncIterator, count_failure) -> AsyncIterator[str]:
         """The reply as server-sent events; an error after the stream began is an error event,
         counted by count_failure when it is not the request's fault."""
+        started = False
         try:
             async with aclosing(events) as events:
                 async for event in events:
                     if isinstance(event, Ping):
-                        yield sse({"type": "ping"})
+                        if started:  # Anthropic's streams open with message_start
+                            yield sse({"type": "ping"})
                     elif isinstance(event, Prefilled):
+                        started = True
                         start = self._message([], usage(event.prompt_tokens, event.cached_tokens, 0))
                         yield sse({"type": "message_start", "message": start})
                         yield sse({"type": "ping"})  # as Anthropic's streams do

@@ -44,13 +44,24 @@ class CountAnswers:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
+
+        def count(status: int) -> None:  # routing has set scope["route"] by now
+            self.counter.add(scope["method"], getattr(scope.get("route"), "path", "unmatched"), status)
 
         async def counted(message):
-            if message["type"] == "http.response.start":  # routing has set scope["route"] by now
-                self.counter.add(scope["method"], getattr(scope.get("route"), "path", "unmatched"), message["status"])
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                count(message["status"])
             await send(message)
 
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:  # answered outside this middleware, by the server-error layer: a 500
+            if not started:
+                count(500)
+            raise
 
 
 def _label(value) -> str:

@@ -11,6 +11,8 @@ import uuid
 from contextlib import aclosing
 from typing import AsyncIterator, Callable
 
+from starlette.concurrency import run_in_threadpool
+
 from ..tool_calls import AssistantStream, Delta
 from .errors import stream_error
 from .prompts import Plan
@@ -191,8 +193,8 @@ class ResponseReply:
                     elif isinstance(event, str):
                         for e in self.output.add(self.parser.feed(event)):
                             yield self._event(e)
-                    elif isinstance(event, Outcome):
-                        last, response = self._finish(event)
+                    elif isinstance(event, Outcome):  # counting and storing: off the event loop
+                        last, response = await run_in_threadpool(self._finish, event)
                         for e in last:
                             yield self._event(e)
                         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"

@@ -10,6 +10,8 @@ cancelled, so the next job cannot start while the session is still busy.
 from __future__ import annotations
 
 import asyncio
+
+import anyio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -74,7 +76,7 @@ class Outcome:
 
 @dataclass
 class Ping:
-    """No event for a while (a long prefill, a slow reader's pause): a stream sends a keepalive."""
+    """No event for a while (a long prefill, a queue wait): a stream sends a keepalive."""
 
 
 async def with_pings(events: AsyncIterator, seconds: float) -> AsyncIterator:
@@ -92,10 +94,15 @@ async def with_pings(events: AsyncIterator, seconds: float) -> AsyncIterator:
                 return
             yield event
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            await asyncio.wait({pending})  # events is not running once this returns
-        await events.aclose()
+        # Shielded: a disconnect cancels the stream's scope again and again, and this must finish.
+        with anyio.CancelScope(shield=True):
+            if pending is not None:
+                if not pending.done():
+                    pending.cancel()
+                    await asyncio.wait({pending})  # events is not running once this returns
+                if not pending.cancelled():
+                    pending.exception()  # retrieved: an error here is the job's, reported elsewhere
+            await events.aclose()
 
 
 @dataclass
