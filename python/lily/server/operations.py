@@ -84,29 +84,30 @@ def prometheus_text(status: dict, requests: RequestCounter) -> str:
            [({"method": m, "route": route, "status": code}, n) for (m, route, code), n in requests.items()])
     metric("generations_total", "counter", "generations run, by how they ended (failed: internal errors)",
            [({"outcome": k}, r[k]) for k in ("completed", "cancelled", "failed")])
-    for name, key, text in (("prompt_tokens_total", "prompt_tokens", "prompt tokens of finished generations"),
-                            ("cached_prompt_tokens_total", "cached_tokens", "of those, restored from the prefix cache"),
-                            ("generated_tokens_total", "completion_tokens", "tokens generated"),
-                            ("draft_tokens_total", "draft_tokens", "speculative drafts proposed"),
-                            ("accepted_draft_tokens_total", "accepted_tokens", "speculative drafts accepted")):
+    counters = (("prompt_tokens_total", "prompt_tokens", "prompt tokens of finished generations"),
+                ("cached_prompt_tokens_total", "cached_tokens", "of those, restored from the prefix cache"),
+                ("generated_tokens_total", "completion_tokens", "tokens generated"),
+                ("draft_tokens_total", "draft_tokens", "speculative drafts proposed"),
+                ("accepted_draft_tokens_total", "accepted_tokens", "speculative drafts accepted"),
+                ("prefill_seconds_total", "prefill_seconds", "seconds spent feeding prompts (prefill tok/s: the rate "
+                 "of (prompt - cached) tokens over this)"),
+                ("decode_seconds_total", "decode_seconds", "seconds spent generating after each reply's first token "
+                 "(decode tok/s: the rate of decoded_tokens_total over this)"),
+                ("decoded_tokens_total", "decoded_tokens", "tokens generated after each reply's first"))
+    for name, key, text in counters:
         metric(name, "counter", text, [({}, r[key])])
-    metric("prefill_seconds_total", "counter", "seconds spent feeding prompts (prefill tok/s: the rate of "
-           "(prompt - cached) tokens over this)", [({}, r["prefill_seconds"])])
-    metric("decode_seconds_total", "counter", "seconds spent generating after each reply's first token (decode "
-           "tok/s: the rate of decoded_tokens_total over this)", [({}, r["decode_seconds"])])
-    metric("decoded_tokens_total", "counter", "tokens generated after each reply's first", [({}, r["decoded_tokens"])])
     metric("queue_waiting", "gauge", "requests waiting for the model", [({}, status["waiting"])])
     metric("queue_running", "gauge", "requests being generated (0 or 1)", [({}, int(status["running"]))])
-    for name, key, text in (("prefix_cache_bytes", "bytes", "bytes the prefix cache holds"),
-                            ("prefix_cache_budget_bytes", "budget_bytes", "the prefix cache's byte budget"),
-                            ("prefix_cache_entries", "entries", "snapshots the prefix cache holds")):
-        metric(name, "gauge", text, [({}, cache[key])])
-    for name, key, text in (("prefix_cache_lookups_total", "lookups", "prompts looked up"),
-                            ("prefix_cache_hits_total", "hits", "lookups that restored a stored snapshot"),
-                            ("prefix_cache_live_hits_total", "live_hits", "lookups the working session served"),
-                            ("prefix_cache_stores_total", "stored", "snapshots stored"),
-                            ("prefix_cache_evictions_total", "evicted", "snapshots evicted over the budget")):
-        metric(name, "counter", text, [({}, cache[key])])
+    cache_metrics = (("prefix_cache_bytes", "gauge", "bytes", "bytes the prefix cache holds"),
+                     ("prefix_cache_budget_bytes", "gauge", "budget_bytes", "the prefix cache's byte budget"),
+                     ("prefix_cache_entries", "gauge", "entries", "snapshots the prefix cache holds"),
+                     ("prefix_cache_lookups_total", "counter", "lookups", "prompts looked up"),
+                     ("prefix_cache_hits_total", "counter", "hits", "lookups that restored a stored snapshot"),
+                     ("prefix_cache_live_hits_total", "counter", "live_hits", "lookups the working session served"),
+                     ("prefix_cache_stores_total", "counter", "stored", "snapshots stored"),
+                     ("prefix_cache_evictions_total", "counter", "evicted", "snapshots evicted over the budget"))
+    for name, kind, key, text in cache_metrics:
+        metric(name, kind, text, [({}, cache[key])])
     return "\n".join(lines) + "\n"
 
 

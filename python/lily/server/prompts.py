@@ -11,7 +11,7 @@ from ..params import INT32_MAX
 from .._lily import LilyError
 from ..prefix_cache import reply_start
 from ..tool_calls import prompt_opens_reasoning
-from .errors import APIError, bad_request, log
+from .errors import APIError, bad_request, check_unicode, log
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .thinking import EFFORT_BUDGETS, ThinkingBudget, thinking_budget
 from .tool_choice import ForcedCall, forced_call
@@ -90,7 +90,7 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
 
 def chat_prompt(model, req: ChatCompletionRequest) -> ChatPrompt:
     """The request's messages and tools through the chat template."""
-    _check_unicode(req)
+    check_unicode(req.model_dump(exclude_none=True))
     offered = req.tools and req.tool_choice != "none"
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if offered else None
     kwargs = dict(req.chat_template_kwargs or {})
@@ -118,7 +118,7 @@ def chat_prompt(model, req: ChatCompletionRequest) -> ChatPrompt:
 
 def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_limit: int | None,
                     defaults: Defaults) -> Plan:
-    _check_unicode(req)
+    check_unicode(req.model_dump(exclude_none=True))
     prompt = req.prompt
     if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):  # a batch of one
         prompt = prompt[0]
@@ -132,13 +132,6 @@ def completion_plan(model, req: CompletionRequest, *, context: int, max_tokens_l
     plan = Plan(ids, _options(req, ("max_tokens", req.max_tokens), len(ids), context, max_tokens_limit, defaults))
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
-
-
-def _check_unicode(req) -> None:
-    """A 400 naming the field whose text is not valid Unicode (the tokenizer takes only that)."""
-    found = params.lone_surrogate(req.model_dump(exclude_none=True))
-    if found:
-        raise bad_request(params.surrogate_message(*found), found[0])
 
 
 def _options(req, asked: tuple[str, int | None], n_prompt: int, context: int, max_tokens_limit: int | None,
