@@ -190,7 +190,7 @@ def test_norms_refuse_an_empty_row(op):
 def test_every_contract_states_its_tolerances():
     from reference.tolerances import TABLE
     contracted = {"qmatmul", "embedding", "rmsnorm", "gated_rmsnorm", "l2norm", "rope", "attention",
-                  "gated_delta_conv", "gated_delta_gates", "gated_delta", "moe_router", "moe_experts"}
+                  "gated_attention", "gated_delta_conv", "gated_delta_gates", "gated_delta", "moe_router", "moe_experts"}
     assert set(TABLE) == contracted and all("cpu" in t for t in TABLE.values())
 
 
@@ -367,7 +367,7 @@ def test_gated_delta_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
 # ---- attention --------------------------------------------------------------------------------
 
 
-# The backends with an attention op on host arrays (CUDA's kernels run inside its executor).
+# The backends with a plain attention op (CUDA fuses it: its kernels are gated_attention's, below).
 ATTENTION_DEVICES = ["cpu", pytest.param("metal-emulator", marks=metal_emulator_only)]
 
 
@@ -409,10 +409,81 @@ def test_attention_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
         run(66, 2, 64)
 
 
-def test_attention_has_no_cuda_op_on_host_arrays(rng):
+def test_attention_on_cuda_points_to_gated_attention(rng):
     q, kv = randn(rng, 1, 2, 32), randn(rng, 1, 1, 32)
-    with pytest.raises(Exception, match="attention: (no CUDA kernel reachable yet|this build has no CUDA executor)"):
+    with pytest.raises(Exception, match=r"attention( \(cuda\): CUDA fuses it .* run gated_attention|: this build has no CUDA executor)"):
         ops.attention(q, kv, kv, 1.0, device="cuda")
+
+
+def gated_attention_inputs(rng, T, pos0, Hq, Hkv, D):
+    qg, k, v = randn(rng, T, Hq, 2 * D), randn(rng, T, Hkv, D), randn(rng, T, Hkv, D)
+    norms = randn(rng, D) * 0.1 + 1, randn(rng, D) * 0.1 + 1
+    return (qg, k, v, *norms, randn(rng, pos0, Hkv, D), randn(rng, pos0, Hkv, D))
+
+
+# (Hq, Hkv, D, rotary_dim): GQA 3:1 and 8:1, no GQA, and the 35B-A3B head (a quarter rotary).
+GATED_ATTENTION_SHAPES = [(3, 1, 64, 16), (6, 2, 128, 32), (4, 4, 64, 64), (16, 2, 256, 64)]
+# CUDA's kernels: the one-token SIMT step (at most 8 query heads a KV head), the tensor-core
+# step (rows 4 at a time, as a verify step takes them), the prefill.
+GATED_ATTENTION_ROUTES = [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
+                          pytest.param("cuda", "decode_tc", marks=cuda_only),
+                          pytest.param("cuda", "prefill", marks=cuda_only)]
+
+
+def check_gated_attention(rng, device, route, T, pos0, Hq, Hkv, D, rot):
+    args = gated_attention_inputs(rng, T, pos0, Hq, Hkv, D)
+    got = ops.gated_attention(*args, rot, 1e7, 1e-6, device=device, route=route)
+    want = ref.gated_attention(*args, rot, 1e7, 1e-6)
+    bound = tol("gated_attention", device, route)
+    for name, g, w in zip(("out", "k_cache", "v_cache"), got, want):
+        if name != "out":  # the rows before pos0 come back as given; the chunk's as the backend keeps them
+            np.testing.assert_array_equal(g[:pos0], w[:pos0])
+            g, w = g[pos0:], w[pos0:]
+        err = rel_err(g, w)
+        assert err < bound, f"{name}: relative error {err:.3g} against {bound:g}"
+
+
+@pytest.mark.parametrize("device,route", GATED_ATTENTION_ROUTES)
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("Hq,Hkv,D,rot", GATED_ATTENTION_SHAPES)
+@pytest.mark.parametrize("pos0", [0, 5, 300])
+def test_gated_attention(rng, device, route, T, Hq, Hkv, D, rot, pos0):
+    if route == "decode" and T > 7:
+        pytest.skip("a launch a token: the short chunks are enough")
+    check_gated_attention(rng, device, route, T, pos0, Hq, Hkv, D, rot)
+
+
+# A long cache: the decode steps split the keys over many blocks and merge them.
+@pytest.mark.parametrize("device,route", GATED_ATTENTION_ROUTES)
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("Hq,Hkv,D,rot", GATED_ATTENTION_SHAPES)
+def test_gated_attention_long_cache(rng, device, route, T, Hq, Hkv, D, rot):
+    check_gated_attention(rng, device, route, T, 2100, Hq, Hkv, D, rot)
+
+
+def test_gated_attention_chunked_equals_one_shot(rng):
+    T, Hq, Hkv, D, rot = 130, 6, 2, 64, 16
+    qg, k, v, qn, kn, kc, vc = gated_attention_inputs(rng, T, 0, Hq, Hkv, D)
+    full = ops.gated_attention(qg, k, v, qn, kn, kc, vc, rot, 1e7, 1e-6)
+    outs = []
+    for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
+        o, kc, vc = ops.gated_attention(qg[a:b], k[a:b], v[a:b], qn, kn, kc, vc, rot, 1e7, 1e-6)
+        outs.append(o)
+    np.testing.assert_array_equal(np.concatenate(outs), full[0])
+    np.testing.assert_array_equal(kc, full[1])
+    np.testing.assert_array_equal(vc, full[2])
+
+
+def test_gated_attention_refuses_bad_shapes(rng):
+    qg, k, v, qn, kn, kc, vc = gated_attention_inputs(rng, 2, 3, 4, 2, 64)
+    with pytest.raises(Exception, match=r"gated_attention: v_cache"):
+        ops.gated_attention(qg, k, v, qn, kn, kc, vc[:2], 16, 1e7, 1e-6)
+    with pytest.raises(Exception, match=r"gated_attention: k_norm"):
+        ops.gated_attention(qg, k, v, qn, kn[:8], kc, vc, 16, 1e7, 1e-6)
+    with pytest.raises(Exception, match=r"gated_attention: query heads 3 must be a multiple of KV heads 2"):
+        ops.gated_attention(qg[:, :3], k, v, qn, kn, kc, vc, 16, 1e7, 1e-6)
+    with pytest.raises(Exception, match=r"gated_attention: route 'prefill' is not one of '' \(cpu\)"):
+        ops.gated_attention(qg, k, v, qn, kn, kc, vc, 16, 1e7, 1e-6, route="prefill")
 
 
 # ---- MoE -------------------------------------------------------------------------------------

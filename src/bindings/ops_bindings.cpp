@@ -384,8 +384,48 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const s
   const Backend b = backend_of(device, "attention");
   auto [o, op] = new_array<float>(shape_of(q));
   const ops::Attention args{q.data(), k.data(), v.data(), T, L - T, Hq, Hkv, D, scale, op};
-  run_on(b, "attention", [&] { cpu::attention(args); }, nullptr, LILY_ON_METAL(metal_ops::attention(args)));
+  run_on(b, "attention", [&] { cpu::attention(args); },
+         LILY_ON_CUDA(fail("attention (cuda): CUDA fuses it with the q/k norms, RoPE and gate: run gated_attention")),
+         LILY_ON_METAL(metal_ops::attention(args)));
   return o;
+}
+
+// (out [T, Hq, D], k_cache, v_cache [pos0 + T, Hkv, D]): the caches with the chunk appended.
+std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<float> k, In<float> v,
+                                                               In<float> q_norm, In<float> k_norm, In<float> k_cache,
+                                                               In<float> v_cache, int64_t rotary_dim, double theta,
+                                                               float eps, const std::string& device,
+                                                               const std::string& route) {
+  const char* op = "gated_attention";
+  need(qg, {-1, -1, -1}, op, "qg [T, Hq, 2D]");
+  const int64_t T = qg.shape(0), Hq = qg.shape(1), D = qg.shape(2) / 2;
+  if (qg.shape(2) % 2) fail(op, ": qg's last dim must be 2D (D query values, then D gate values)");
+  need(k, {T, -1, D}, op, "k [T, Hkv, D]");
+  const int64_t Hkv = k.shape(1);
+  need(v, {T, Hkv, D}, op, "v");
+  need(q_norm, {D}, op, "q_norm");
+  need(k_norm, {D}, op, "k_norm");
+  need(k_cache, {-1, Hkv, D}, op, "k_cache [pos0, Hkv, D]");
+  const int64_t pos0 = k_cache.shape(0);
+  need(v_cache, {pos0, Hkv, D}, op, "v_cache");
+  const Backend b = backend_of(device, op);
+  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tc" || route == "prefill"))))
+    fail(op, ": route '", route, "' is not one of ",
+         b == Backend::Cuda ? "'', 'decode', 'decode_tc', 'prefill'" : "'' (", device, ")");
+  const std::vector<size_t> cache_shape{static_cast<size_t>(pos0 + T), static_cast<size_t>(Hkv), static_cast<size_t>(D)};
+  auto [kc, kcp] = new_array<float>(cache_shape);
+  auto [vc, vcp] = new_array<float>(cache_shape);
+  copy_into(k_cache, kcp);
+  copy_into(v_cache, vcp);
+  auto [o, outp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(Hq), static_cast<size_t>(D)});
+  const ops::GatedAttention args{qg.data(), k.data(), v.data(), q_norm.data(), k_norm.data(), kcp, vcp,
+                                 T, pos0, Hq, Hkv, D, rotary_dim, theta, eps, outp};
+  run_on(b, op, [&] { cpu::gated_attention(args); },
+         LILY_ON_CUDA(cuda_ops::gated_attention(args, route == "prefill"  ? cuda_ops::AttentionRoute::Prefill
+                                                      : route == "decode" ? cuda_ops::AttentionRoute::Decode
+                                                                          : cuda_ops::AttentionRoute::DecodeTensorCores)),
+         nullptr);
+  return {o, kc, vc};
 }
 
 std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k, bool renormalize) {
@@ -572,6 +612,12 @@ void register_ops(nb::module_& m) {
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           nb::arg("device") = "cpu",
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
+  ops.def("gated_attention", &gated_attention, nb::arg("qg"), nb::arg("k"), nb::arg("v"), nb::arg("q_norm"),
+          nb::arg("k_norm"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("rotary_dim"), nb::arg("theta"),
+          nb::arg("eps"), nb::arg("device") = "cpu", nb::arg("route") = "",
+          "(out [T, Hq, D], k_cache, v_cache) of the attention mixer between its projections: q/k norms, partial\n"
+          "RoPE, causal GQA over the cache with the chunk appended, the sigmoid gate; on cuda route 'decode',\n"
+          "'decode_tc' (the default) or 'prefill'");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
   ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),

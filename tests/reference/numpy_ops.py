@@ -264,21 +264,30 @@ def gated_delta_mixer(x, weights: dict, conv_state, recurrent_state, num_key_hea
     return qmatmul(o, weights["out_proj"]), conv_state, recurrent_state
 
 
+def gated_attention(qg, k, v, q_norm, k_norm, k_cache, v_cache, rotary_dim, theta, eps):
+    """The attention mixer between its projections (MODEL.md §4.4): qg [T, Hq, 2D] (per head D
+    query values, then D gate values), k, v [T, Hkv, D] after pos0 = len(k_cache) cached
+    positions. Returns (out [T, Hq, D], k_cache, v_cache) with the chunk appended."""
+    D, pos0 = k.shape[-1], k_cache.shape[0]
+    q, gate = qg[..., :D], qg[..., D:]
+    q = rope(rmsnorm(q, q_norm, eps), rotary_dim, pos0, theta)
+    k = rope(rmsnorm(k, k_norm, eps), rotary_dim, pos0, theta)
+    k_cache = np.concatenate([k_cache, k]).astype(np.float32)
+    v_cache = np.concatenate([v_cache, v]).astype(np.float32)
+    o = attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
+    return o.astype(np.float32), k_cache, v_cache
+
+
 def attention_mixer(x, weights: dict, k_cache, v_cache, num_heads, num_kv_heads, head_dim, partial_rotary_factor,
                     rope_theta, eps):
     """One gated attention mixer (MODEL.md §4.4) after pos0 = len(k_cache) cached positions.
     Returns (out, k_cache, v_cache) with the chunk appended."""
     T, Hq, Hkv, D = x.shape[0], num_heads, num_kv_heads, head_dim
-    pos0, R = k_cache.shape[0], int(head_dim * partial_rotary_factor)
     qg = qmatmul(x, weights["q_proj"]).reshape(T, Hq, 2 * D)
-    q, gate = qg[..., :D], qg[..., D:]
     k = qmatmul(x, weights["k_proj"]).reshape(T, Hkv, D)
     v = qmatmul(x, weights["v_proj"]).reshape(T, Hkv, D)
-    q = rope(rmsnorm(q, weights["q_norm"], eps), R, pos0, rope_theta)
-    k = rope(rmsnorm(k, weights["k_norm"], eps), R, pos0, rope_theta)
-    k_cache = np.concatenate([k_cache, k]).astype(np.float32)
-    v_cache = np.concatenate([v_cache, v]).astype(np.float32)
-    o = attention(q, k_cache, v_cache, D ** -0.5).astype(F64) * sigmoid(gate.astype(F64))
+    o, k_cache, v_cache = gated_attention(qg, k, v, weights["q_norm"], weights["k_norm"], k_cache, v_cache,
+                                          int(D * partial_rotary_factor), rope_theta, eps)
     return qmatmul(o.reshape(T, Hq * D), weights["o_proj"]), k_cache, v_cache
 
 

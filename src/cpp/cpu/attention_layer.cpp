@@ -26,31 +26,18 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
         str(static_cast<int64_t>(cache.k.size() / (Hkv * D))), " positions, expected ", str(pos0));
   if (T == 0) return;
 
-  // New keys and values go straight into the cache rows pos0 .. pos0+T-1.
+  // New keys and values go straight into the cache rows pos0 .. pos0+T-1, and are normed
+  // and roped there by gated_attention.
   buf.qg.resize(T * 2 * Hq * D);
   cache.k.resize(cached + T * Hkv * D);
   cache.v.resize(cached + T * Hkv * D);
   float* k_new = cache.k.data() + cached;
-  const QMatmul projections[] = {{x, T, w.q_proj, buf.qg.data()},
-                                 {x, T, w.k_proj, k_new},
-                                 {x, T, w.v_proj, cache.v.data() + cached}};
+  float* v_new = cache.v.data() + cached;
+  const QMatmul projections[] = {{x, T, w.q_proj, buf.qg.data()}, {x, T, w.k_proj, k_new}, {x, T, w.v_proj, v_new}};
   qmatmul_batch(projections);
-  buf.q.resize(T * Hq * D);
-  for (int64_t i = 0; i < T * Hq; ++i) std::copy_n(buf.qg.data() + i * 2 * D, D, buf.q.data() + i * D);
-
-  rmsnorm({buf.q.data(), T * Hq, D, w.q_norm.values.data(), c.rms_norm_eps, buf.q.data()});
-  rmsnorm({k_new, T * Hkv, D, w.k_norm.values.data(), c.rms_norm_eps, k_new});
-  rope({buf.q.data(), T, Hq, D, c.rotary_dim(), pos0, c.rope_theta});
-  rope({k_new, T, Hkv, D, c.rotary_dim(), pos0, c.rope_theta});
-
   buf.o.resize(T * Hq * D);
-  attention({buf.q.data(), cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)),
-             buf.o.data()});
-  for (int64_t i = 0; i < T * Hq; ++i) {
-    const float* gate = buf.qg.data() + i * 2 * D + D;
-    float* o = buf.o.data() + i * D;
-    for (int64_t d = 0; d < D; ++d) o[d] *= sigmoid(gate[d]);
-  }
+  gated_attention({buf.qg.data(), k_new, v_new, w.q_norm.values.data(), w.k_norm.values.data(), cache.k.data(),
+                   cache.v.data(), T, pos0, Hq, Hkv, D, c.rotary_dim(), c.rope_theta, c.rms_norm_eps, buf.o.data()});
   qmatmul({buf.o.data(), T, w.o_proj, out});
 }
 

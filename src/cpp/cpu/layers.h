@@ -28,7 +28,7 @@ struct GdnBuffers {
 };
 
 struct AttnBuffers {
-  std::vector<float> qg, q, o;
+  std::vector<float> qg, o;
 };
 
 struct MoeBuffers {

@@ -31,6 +31,7 @@ void l2norm(const ops::L2Norm& args);
 
 void rope(const ops::Rope& args);
 void attention(const ops::Attention& args);
+void gated_attention(const ops::GatedAttention& args);  // the rows pos0.. of the caches are written
 
 void gated_delta_conv(const ops::GatedDeltaConv& args);
 void gated_delta_gates(const ops::GatedDeltaGates& args);

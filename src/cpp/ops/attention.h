@@ -27,4 +27,23 @@ struct Attention {
   float* out = nullptr;      // [T, Hq, D]
 };
 
+// gated_attention, the attention mixer between its projections (MODEL.md §4.4): per head
+// q = rope(rmsnorm(q) q_norm), k = rope(rmsnorm(k) k_norm) at positions pos0 + t, k and v
+// appended to the cache, out = attention(q, cache, D^-1/2) * sigmoid(gate). CUDA keeps the
+// cache in bf16 and its decode kernels take q and P into the mma as bf16.
+// tolerance gated_attention: cpu 2e-6, cuda:decode 1e-2, cuda:decode_tc 2e-2, cuda:prefill 2e-2
+struct GatedAttention {
+  const float* qg = nullptr;      // [T, Hq, 2D]: per head D query values, then D gate values
+  const float* k = nullptr;       // [T, Hkv, D] before the norm and rope
+  const float* v = nullptr;       // [T, Hkv, D]
+  const float* q_norm = nullptr;  // [D]
+  const float* k_norm = nullptr;  // [D]
+  float* k_cache = nullptr;       // [pos0 + T, Hkv, D]: rows < pos0 as earlier calls wrote them; pos0.. written
+  float* v_cache = nullptr;       // [pos0 + T, Hkv, D]
+  int64_t T = 0, pos0 = 0, Hq = 0, Hkv = 0, D = 0, rotary_dim = 0;
+  double theta = 1e7;
+  float eps = 1e-6f;
+  float* out = nullptr;           // [T, Hq * D]
+};
+
 }  // namespace lily::ops

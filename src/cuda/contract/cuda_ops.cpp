@@ -4,6 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "attention/attention_decode.h"
+#include "attention/attention_decode_tc.h"
+#include "attention/attention_prefill.h"
 #include "bf16.h"
 #include "common/cuda_check.h"
 #include "common/device_buffer.h"
@@ -182,6 +185,71 @@ void embedding(const ops::Embedding& a) {
   DeviceBuffer out = poisoned<float>(static_cast<size_t>(T) * H, "embedding out");
   if (T) cuda::embedding_prefill(E, ids.as<int>(), T, out.as<float>(), nullptr);
   download(out, a.out, static_cast<size_t>(T) * H, "embedding");
+}
+
+void gated_attention(const ops::GatedAttention& a, AttentionRoute route) {
+  const int T = static_cast<int>(a.T), pos0 = static_cast<int>(a.pos0), ctx = pos0 + T;
+  const int Hq = static_cast<int>(a.Hq), Hkv = static_cast<int>(a.Hkv), D = static_cast<int>(a.D);
+  need(D == 64 || D == 128 || D == 256, "gated_attention", "head dim must be 64, 128 or 256");
+  need(Hkv > 0 && Hq % Hkv == 0, "gated_attention", "query heads must be a multiple of KV heads");
+  if (T == 0) return;
+  // The kernels' projection rows: per token [Hq x (D query, D gate) | Hkv x D k | Hkv x D v].
+  const size_t row = static_cast<size_t>(2 * Hq + 2 * Hkv) * D, kv = static_cast<size_t>(Hkv) * D;
+  std::vector<float> proj(T * row);
+  for (int t = 0; t < T; ++t) {
+    float* p = proj.data() + t * row;
+    std::copy_n(a.qg + t * 2 * Hq * D, 2 * Hq * D, p);
+    std::copy_n(a.k + t * kv, kv, p + 2 * Hq * D);
+    std::copy_n(a.v + t * kv, kv, p + 2 * Hq * D + kv);
+  }
+  // The cache rows before pos0 as bf16; the chunk's rows poisoned (0xffff: a bf16 NaN).
+  std::vector<uint16_t> kb(ctx * kv, 0xffff), vb(ctx * kv, 0xffff);
+  for (size_t i = 0; i < pos0 * kv; ++i) kb[i] = float_to_bf16(a.k_cache[i]), vb[i] = float_to_bf16(a.v_cache[i]);
+  DeviceBuffer dproj = upload(proj.data(), proj.size(), "gated_attention projections");
+  DeviceBuffer kc = upload(kb.data(), kb.size(), "gated_attention k cache");
+  DeviceBuffer vc = upload(vb.data(), vb.size(), "gated_attention v cache");
+  DeviceBuffer qn = upload(a.q_norm, D, "gated_attention q_norm"), kn = upload(a.k_norm, D, "gated_attention k_norm");
+  const std::vector<float> inv_freq = cuda::rope_inv_freq(a.theta, static_cast<int>(a.rotary_dim));
+  DeviceBuffer freq = upload(inv_freq.data(), inv_freq.size(), "gated_attention rope");
+  const size_t n_out = static_cast<size_t>(T) * Hq * D;
+  std::vector<float> out(n_out);
+
+  if (route == AttentionRoute::Prefill) {
+    DeviceBuffer ob = poisoned<uint16_t>(n_out, "gated_attention out");
+    const size_t scratch_bytes = cuda::attention_prefill_scratch_bytes(T, Hq, D);
+    DeviceBuffer scratch(scratch_bytes, "gated_attention scratch");
+    const cuda::AttnPrefillArgs p{.proj = dproj.as<float>(), .ldp = static_cast<int>(row), .q_norm = qn.as<float>(),
+                                  .k_norm = kn.as<float>(), .inv_freq = freq.as<float>(), .k_cache = kc.as<uint16_t>(),
+                                  .v_cache = vc.as<uint16_t>(), .out = ob.as<uint16_t>(), .scratch = scratch.as<void>(),
+                                  .scratch_bytes = scratch_bytes, .T = T, .pos0 = pos0, .ctx = ctx, .Hq = Hq, .Hkv = Hkv,
+                                  .D = D, .rot_dim = static_cast<int>(a.rotary_dim), .eps = a.eps};
+    cuda::attention_prefill(p, nullptr);
+    std::vector<uint16_t> bits(n_out);
+    download(ob, bits.data(), n_out, "gated_attention out");
+    for (size_t i = 0; i < n_out; ++i) out[i] = bf16_to_float(bits[i]);
+  } else {
+    const int step = route == AttentionRoute::Decode ? 1 : cuda::kMaxStepRows;  // rows a launch
+    cuda::AttnArgs d;
+    DeviceBuffer partial = poisoned<float>(step * cuda::attention_partial_floats(Hq, Hkv, D, d.max_splits),
+                                           "gated_attention splits");
+    DeviceBuffer dout = poisoned<float>(n_out, "gated_attention out"), pos(sizeof(int), "gated_attention pos");
+    d.q_norm = qn.as<float>(), d.k_norm = kn.as<float>(), d.inv_freq = freq.as<float>();
+    d.k_cache = kc.as<uint16_t>(), d.v_cache = vc.as<uint16_t>(), d.partial = partial.as<float>(), d.pos = pos.as<int>();
+    d.Hq = Hq, d.Hkv = Hkv, d.D = D, d.rot_dim = static_cast<int>(a.rotary_dim), d.eps = a.eps;
+    for (int t = 0; t < T; t += step) {
+      const int at = pos0 + t;
+      check(cudaMemcpy(pos.as<int>(), &at, sizeof(int), cudaMemcpyHostToDevice), "gated_attention pos");
+      d.qkv = dproj.as<float>() + t * row;
+      d.out = dout.as<float>() + static_cast<size_t>(t) * Hq * D;
+      if (route == AttentionRoute::Decode) cuda::attention_decode(d, nullptr, nullptr);
+      else cuda::attention_decode_tc(d, nullptr, nullptr, std::min(step, T - t));
+    }
+    download(dout, out.data(), n_out, "gated_attention out");
+  }
+  std::copy(out.begin(), out.end(), a.out);
+  download(kc, kb.data(), kb.size(), "gated_attention k cache");
+  download(vc, vb.data(), vb.size(), "gated_attention v cache");
+  for (size_t i = pos0 * kv; i < ctx * kv; ++i) a.k_cache[i] = bf16_to_float(kb[i]), a.v_cache[i] = bf16_to_float(vb[i]);
 }
 
 }  // namespace lily::cuda_ops

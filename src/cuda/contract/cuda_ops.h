@@ -2,6 +2,7 @@
 // inputs uploaded and converted to the kernels' layouts, outputs NaN-poisoned on the device
 // (an element a kernel skips fails the test), then brought back in the reference layout.
 #pragma once
+#include "ops/attention.h"
 #include "ops/gated_delta.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
@@ -21,5 +22,11 @@ void gated_rmsnorm(const ops::GatedRmsNorm& a);   // gated_rmsnorm_prefill (bf16
 // The prefill recurrence: gated_delta_scan_prefill, or with chunked
 // gated_delta_chunked_prefill (chunks of 64 tokens on tensor cores).
 void gated_delta(const ops::GatedDelta& a, bool chunked);
+
+// The attention mixer's kernels between its projections: Decode, attention_decode (SIMT) a
+// token a launch; DecodeTensorCores, attention_decode_tc, up to 4 rows a launch (a verify
+// step's); Prefill, attention_prefill over the whole chunk. Caches in bf16, as the executor's.
+enum class AttentionRoute { Decode, DecodeTensorCores, Prefill };
+void gated_attention(const ops::GatedAttention& a, AttentionRoute route);
 
 }  // namespace lily::cuda_ops
