@@ -190,7 +190,8 @@ def test_norms_refuse_an_empty_row(op):
 def test_every_contract_states_its_tolerances():
     from reference.tolerances import TABLE
     contracted = {"qmatmul", "embedding", "rmsnorm", "gated_rmsnorm", "l2norm", "rope", "attention",
-                  "gated_attention", "gated_delta_conv", "gated_delta_gates", "gated_delta", "moe_router", "moe_experts"}
+                  "gated_attention", "gated_delta_conv", "gated_delta_gates", "gated_delta", "gated_delta_step",
+                  "moe_router", "moe_experts"}
     assert set(TABLE) == contracted and all("cpu" in t for t in TABLE.values())
 
 
@@ -362,6 +363,72 @@ def test_gated_delta_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
             ops.gated_delta(*gated_delta_inputs(rng, 1, 1, 1, Dk, 8), device="metal-emulator")
     with pytest.raises(Exception, match=r"gated_delta: route 'scan' is not one of '' \(metal-emulator\)"):
         ops.gated_delta(*gated_delta_inputs(rng, 1, 1, 1, 16, 8), device="metal-emulator", route="scan")
+
+
+def gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv, Kc=4):
+    """The mixer's projections as the model makes them (random), its weights and carried state."""
+    C = 2 * Hk * Dk + Hv * Dv
+    return dict(mixed=randn(rng, T, C), z=randn(rng, T, Hv, Dv), b=randn(rng, T, Hv, scale=2.0),
+                a=randn(rng, T, Hv, scale=2.0), conv_w=randn(rng, C, Kc, scale=0.5),
+                conv_state=randn(rng, Kc - 1, C), A_log=randn(rng, Hv) * 0.5, dt_bias=randn(rng, Hv),
+                norm=randn(rng, Dv) * 0.1 + 1, state=randn(rng, Hv, Dk, Dv, scale=0.1), num_key_heads=Hk, eps=1e-6)
+
+
+# (Hk, Hv, Dk, Dv): one head, GQA 2:1 and 3:1 with odd widths, 35B-A3B's 16:32 heads of 128.
+GATED_DELTA_STEP_SHAPES = [(1, 1, 16, 16), (2, 4, 32, 20), (1, 3, 48, 64), (16, 32, 128, 128)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("Hk,Hv,Dk,Dv", GATED_DELTA_STEP_SHAPES)
+def test_gated_delta_step(rng, device, T, Hk, Hv, Dk, Dv):
+    x = gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv)
+    out, conv_state, state, conv_rows, state_rows = ops.gated_delta_step(**x, keep_rows=True, device=device)
+    bound = tol("gated_delta_step", device)
+    for name, got, want in zip(("out", "conv_state", "state"), (out, conv_state, state), ref.gated_delta_step(**x)):
+        err = rel_err(got, want)
+        assert err < bound, f"{name}: relative error {err:.3g} against {bound:g}"
+    # The states kept after each token are those of the prefix alone (a verify step keeps any prefix).
+    for t in (0, T // 2 - 1, T - 2):
+        if 0 <= t < T - 1:
+            prefix = {**x, **{k: x[k][:t + 1] for k in ("mixed", "z", "b", "a")}}
+            _, conv_want, state_want = ref.gated_delta_step(**prefix)
+            assert rel_err(conv_rows[t], conv_want) < bound and rel_err(state_rows[t], state_want) < bound, t
+    assert conv_rows.shape[0] == state_rows.shape[0] == T - 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated_delta_step_520_decode_steps(rng, device):
+    """520 tokens, 4 a launch on CUDA, stay on the fp64 reference; the tail is as close as the rest."""
+    x = gated_delta_step_inputs(rng, 520, 2, 4, 128, 128)
+    out, _, state, _, _ = ops.gated_delta_step(**x, device=device)
+    out_ref, _, state_ref = ref.gated_delta_step(**x)
+    bound = tol("gated_delta_step", device)
+    assert rel_err(out, out_ref) < bound and rel_err(state, state_ref) < bound
+    assert rel_err(out[-64:], out_ref[-64:]) < bound
+
+
+def test_gated_delta_step_chunked_equals_one_shot(rng):
+    x = gated_delta_step_inputs(rng, 130, 2, 4, 32, 16)
+    full = ops.gated_delta_step(**x)
+    conv_state, state, outs = x["conv_state"], x["state"], []
+    for a, b in [(0, 1), (1, 8), (8, 71), (71, 130)]:
+        part = {**x, "conv_state": conv_state, "state": state, **{k: x[k][a:b] for k in ("mixed", "z", "b", "a")}}
+        o, conv_state, state, _, _ = ops.gated_delta_step(**part)
+        outs.append(o)
+    np.testing.assert_array_equal(np.concatenate(outs), full[0])
+    np.testing.assert_array_equal(conv_state, full[1])
+    np.testing.assert_array_equal(state, full[2])
+
+
+def test_gated_delta_step_refuses_bad_shapes(rng):
+    x = gated_delta_step_inputs(rng, 2, 2, 4, 16, 16)
+    with pytest.raises(Exception, match=r"gated_delta_step: mixed \[T, 2 Hk Dk \+ Hv Dv\]"):
+        ops.gated_delta_step(**{**x, "mixed": x["mixed"][:, 1:]})
+    with pytest.raises(Exception, match=r"gated_delta_step: value heads \(4\) must be a multiple of key heads \(3\)"):
+        ops.gated_delta_step(**{**x, "num_key_heads": 3})
+    with pytest.raises(Exception, match=r"gated_delta_step: conv_state"):
+        ops.gated_delta_step(**{**x, "conv_state": x["conv_state"][:2]})
 
 
 # ---- attention --------------------------------------------------------------------------------

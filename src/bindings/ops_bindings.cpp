@@ -374,6 +374,44 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   return {o, s};
 }
 
+// (out [T, Hv, Dv], conv_state, state, conv_rows [T-1, Kc-1, C], state_rows [T-1, Hv, Dk, Dv]);
+// the rows are empty ([0, ...]) unless keep_rows.
+using StepOuts = std::tuple<Out<float>, Out<float>, Out<float>, Out<float>, Out<float>>;
+StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a, In<float> conv_w,
+                          In<float> conv_state, In<float> A_log, In<float> dt_bias, In<float> norm, In<float> state,
+                          int64_t num_key_heads, float eps, bool keep_rows, const std::string& device) {
+  const char* op = "gated_delta_step";
+  need(z, {-1, -1, -1}, op, "z [T, Hv, Dv]");
+  const int64_t T = z.shape(0), Hv = z.shape(1), Dv = z.shape(2), Hk = num_key_heads;
+  need(state, {Hv, -1, Dv}, op, "state [Hv, Dk, Dv]");
+  const int64_t Dk = state.shape(1), C = 2 * Hk * Dk + Hv * Dv;
+  if (Hk <= 0 || Hv % Hk) fail(op, ": value heads (", std::to_string(Hv), ") must be a multiple of key heads (",
+                               std::to_string(Hk), ")");
+  need(mixed, {T, C}, op, "mixed [T, 2 Hk Dk + Hv Dv]");
+  need(b, {T, Hv}, op, "b");
+  need(a, {T, Hv}, op, "a");
+  need(conv_w, {C, -1}, op, "conv_w [C, Kc]");
+  const int64_t Kc = conv_w.shape(1);
+  need(conv_state, {Kc - 1, C}, op, "conv_state [Kc-1, C]");
+  need(A_log, {Hv}, op, "A_log");
+  need(dt_bias, {Hv}, op, "dt_bias");
+  need(norm, {Dv}, op, "norm");
+  const Backend be = backend_of(device, op);
+  auto [o, op_out] = new_array<float>(shape_of(z));
+  auto [cs, csp] = new_array<float>(shape_of(conv_state));
+  auto [st, stp] = new_array<float>(shape_of(state));
+  copy_into(conv_state, csp);
+  copy_into(state, stp);
+  const size_t kept = keep_rows ? static_cast<size_t>(std::max<int64_t>(T - 1, 0)) : 0;
+  auto [cr, crp] = new_array<float>({kept, static_cast<size_t>(Kc - 1), static_cast<size_t>(C)});
+  auto [sr, srp] = new_array<float>({kept, static_cast<size_t>(Hv), static_cast<size_t>(Dk), static_cast<size_t>(Dv)});
+  const ops::GatedDeltaStep args{mixed.data(), z.data(), b.data(), a.data(), conv_w.data(), A_log.data(),
+                                 dt_bias.data(), norm.data(), T, Hk, Hv, Dk, Dv, Kc, eps, csp, stp, op_out,
+                                 keep_rows ? crp : nullptr, keep_rows ? srp : nullptr};
+  run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(cuda_ops::gated_delta_step(args)), nullptr);
+  return {o, cs, st, cr, sr};
+}
+
 Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const std::string& device) {
   need(q, {-1, -1, -1}, "attention", "q [T, Hq, D]");
   const int64_t T = q.shape(0), Hq = q.shape(1), D = q.shape(2);
@@ -609,6 +647,13 @@ void register_ops(nb::module_& m) {
   ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
           nb::arg("beta"), nb::arg("state"), nb::arg("device") = "cpu", nb::arg("route") = "",
           "(o [T, Hv, Dv], new state [Hv, Dk, Dv]); on cuda route 'scan' or 'chunked' (the default)");
+  ops.def("gated_delta_step", &gated_delta_step, nb::arg("mixed"), nb::arg("z"), nb::arg("b"), nb::arg("a"),
+          nb::arg("conv_w"), nb::arg("conv_state"), nb::arg("A_log"), nb::arg("dt_bias"), nb::arg("norm"),
+          nb::arg("state"), nb::arg("num_key_heads"), nb::arg("eps"), nb::arg("keep_rows") = false,
+          nb::arg("device") = "cpu",
+          "(out [T, Hv, Dv], conv_state, state, conv_rows, state_rows) of the Gated DeltaNet mixer between its\n"
+          "projections: conv + SiLU, l2-normed q/k, gates, delta rule, gated RMSNorm; with keep_rows the states\n"
+          "after each token but the last (a verify step's), else empty rows");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           nb::arg("device") = "cpu",
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");

@@ -244,24 +244,34 @@ def moe_block(x, weights: dict, top_k: int, norm_topk_prob: bool):
     return (out + gate * shared).astype(np.float32)
 
 
-def gated_delta_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads,
-                      key_head_dim, value_head_dim, eps):
-    """One Gated DeltaNet mixer (MODEL.md §4.5). Returns (out, conv_state, recurrent_state)."""
-    T = x.shape[0]
-    Hk, Hv, Dk, Dv = num_key_heads, num_value_heads, key_head_dim, value_head_dim
-    mixed = qmatmul(x, weights["in_proj_qkv"])
-    z = qmatmul(x, weights["in_proj_z"]).reshape(T, Hv, Dv)
-    b = qmatmul(x, weights["in_proj_b"])
-    a = qmatmul(x, weights["in_proj_a"])
-    c, conv_state = gated_delta_conv(mixed, weights["conv1d"], conv_state)
+def gated_delta_step(mixed, z, b, a, conv_w, conv_state, A_log, dt_bias, norm, state, num_key_heads, eps):
+    """The Gated DeltaNet mixer between its projections (MODEL.md §4.5): mixed [T, 2 Hk Dk + Hv Dv]
+    (q | k | v before the conv), z [T, Hv, Dv], b, a [T, Hv]. Returns (out [T, Hv, Dv],
+    conv_state, state)."""
+    T, Hv, Dv = z.shape
+    Hk, Dk = num_key_heads, state.shape[1]
+    c, conv_state = gated_delta_conv(mixed, conv_w, conv_state)
     kd = Hk * Dk
     q = l2norm(c[:, :kd].reshape(T, Hk, Dk), 1e-6, Dk ** -0.5)
     k = l2norm(c[:, kd:2 * kd].reshape(T, Hk, Dk), 1e-6, 1.0)
     v = c[:, 2 * kd:].reshape(T, Hv, Dv)
-    g, beta = gated_delta_gates(a, b, weights["A_log"], weights["dt_bias"])
-    o, recurrent_state = gated_delta(q, k, v, g, beta, recurrent_state)
-    o = gated_rmsnorm(o, z, weights["norm"], eps).reshape(T, Hv * Dv)
-    return qmatmul(o, weights["out_proj"]), conv_state, recurrent_state
+    g, beta = gated_delta_gates(a, b, A_log, dt_bias)
+    o, state = gated_delta(q, k, v, g, beta, state)
+    return gated_rmsnorm(o, z, norm, eps), conv_state, state
+
+
+def gated_delta_mixer(x, weights: dict, conv_state, recurrent_state, num_key_heads, num_value_heads,
+                      key_head_dim, value_head_dim, eps):
+    """One Gated DeltaNet mixer (MODEL.md §4.5). Returns (out, conv_state, recurrent_state)."""
+    T, Hv, Dv = x.shape[0], num_value_heads, value_head_dim
+    mixed = qmatmul(x, weights["in_proj_qkv"])
+    z = qmatmul(x, weights["in_proj_z"]).reshape(T, Hv, Dv)
+    b = qmatmul(x, weights["in_proj_b"])
+    a = qmatmul(x, weights["in_proj_a"])
+    o, conv_state, recurrent_state = gated_delta_step(mixed, z, b, a, weights["conv1d"], conv_state, weights["A_log"],
+                                                      weights["dt_bias"], weights["norm"], recurrent_state,
+                                                      num_key_heads, eps)
+    return qmatmul(o.reshape(T, Hv * Dv), weights["out_proj"]), conv_state, recurrent_state
 
 
 def gated_attention(qg, k, v, q_norm, k_norm, k_cache, v_cache, rotary_dim, theta, eps):

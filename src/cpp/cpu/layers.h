@@ -24,7 +24,7 @@ struct KvCache {
 };
 
 struct GdnBuffers {
-  std::vector<float> mixed, conv_out, q, k, v, z, a, b, g, beta, o;
+  std::vector<float> mixed, z, a, b, o;
 };
 
 struct AttnBuffers {

@@ -36,6 +36,7 @@ void gated_attention(const ops::GatedAttention& args);  // the rows pos0.. of th
 void gated_delta_conv(const ops::GatedDeltaConv& args);
 void gated_delta_gates(const ops::GatedDeltaGates& args);
 void gated_delta(const ops::GatedDelta& args);
+void gated_delta_step(const ops::GatedDeltaStep& args);
 
 void moe_router(const ops::MoeRouter& args);
 // Several experts' MLPs at once: their gate and up products in one parallel loop, their

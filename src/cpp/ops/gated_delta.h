@@ -45,4 +45,28 @@ struct GatedDelta {
   float* o = nullptr;           // [T, Hv, Dv]
 };
 
+// gated_delta_step, the Gated DeltaNet mixer between its projections (MODEL.md §4.5):
+// c = gated_delta_conv(mixed), split flat into q [Hk, Dk] | k [Hk, Dk] | v [Hv, Dv] a token;
+// q = l2norm(q) Dk^-1/2, k = l2norm(k); (g, beta) = gated_delta_gates(a, b); o = gated_delta(q, k,
+// v, g, beta); out = gated_rmsnorm(o, z, norm). With conv_rows and state_rows the states after
+// each token but the last are kept too, as a verify step keeps them.
+// tolerance gated_delta_step: cpu 2e-6, cuda 1e-4
+struct GatedDeltaStep {
+  const float* mixed = nullptr;    // [T, 2 Hk Dk + Hv Dv]: the in-projection's q | k | v rows, before the conv
+  const float* z = nullptr;        // [T, Hv, Dv]
+  const float* b = nullptr;        // [T, Hv]
+  const float* a = nullptr;        // [T, Hv]
+  const float* conv_w = nullptr;   // [2 Hk Dk + Hv Dv, Kc]
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm = nullptr;     // [Dv] the gated RMSNorm weight
+  int64_t T = 0, Hk = 0, Hv = 0, Dk = 0, Dv = 0, Kc = 0;
+  float eps = 1e-6f;
+  float* conv_state = nullptr;     // [Kc - 1, 2 Hk Dk + Hv Dv], carried in and out
+  float* state = nullptr;          // [Hv, Dk, Dv], carried in and out
+  float* out = nullptr;            // [T, Hv, Dv]
+  float* conv_rows = nullptr;      // optional [T - 1][Kc - 1, 2 Hk Dk + Hv Dv]: conv_state after each token
+  float* state_rows = nullptr;     // optional [T - 1][Hv, Dk, Dv]: state after each token
+};
+
 }  // namespace lily::ops

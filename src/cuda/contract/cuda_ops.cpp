@@ -135,6 +135,77 @@ void gated_delta(const ops::GatedDelta& a, bool chunked) {
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
 }
 
+void gated_delta_step(const ops::GatedDeltaStep& a) {
+  const int T = static_cast<int>(a.T), Hk = static_cast<int>(a.Hk), Hv = static_cast<int>(a.Hv);
+  const int Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
+  need(a.Kc == 4, "gated_delta_step", "the decode kernel's conv has 4 taps");
+  if (T == 0) return;
+  const size_t kd = static_cast<size_t>(Hk) * Dk, vd = static_cast<size_t>(Hv) * Dv, C = 2 * kd + vd;
+  const size_t ns = vd * Dk, rows_out = static_cast<size_t>(Hv) * Dv;
+  // The kernel's projection rows: per token [C (q | k | v) | Hv Dv (z) | Hv (b) | Hv (a)].
+  const size_t row = C + vd + 2 * Hv;
+  std::vector<float> proj(T * row);
+  for (int t = 0; t < T; ++t) {
+    float* p = proj.data() + t * row;
+    std::copy_n(a.mixed + t * C, C, p);
+    std::copy_n(a.z + t * vd, vd, p + C);
+    std::copy_n(a.b + t * Hv, Hv, p + C + vd);
+    std::copy_n(a.a + t * Hv, Hv, p + C + vd + Hv);
+  }
+  // The conv ring holds pre-conv rows by position mod kGdnRingRows: the carried state's 3 rows
+  // sit just before the first token's position, chosen so that the positions wrap the ring.
+  constexpr int R = cuda::kGdnRingRows, kFirst = R - 2;
+  std::vector<float> ring(R * C, 0.0f), neg_A(Hv), state(ns), conv_w(C * 4);
+  for (int j = 0; j < 3; ++j) std::copy_n(a.conv_state + j * C, C, ring.data() + ((kFirst - 3 + j) & (R - 1)) * C);
+  for (int h = 0; h < Hv; ++h) neg_A[h] = -std::exp(a.A_log[h]);
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { state[dev] = a.state[ref]; });
+  DeviceBuffer dproj = upload(proj.data(), proj.size(), "gated_delta_step projections");
+  DeviceBuffer dring = upload(ring.data(), ring.size(), "gated_delta_step conv ring");
+  DeviceBuffer dconv = upload(a.conv_w, C * 4, "gated_delta_step conv_w"), dnorm = upload(a.norm, Dv, "gated_delta_step norm");
+  DeviceBuffer dbias = upload(a.dt_bias, Hv, "gated_delta_step dt_bias"), dA = upload(neg_A.data(), Hv, "gated_delta_step A");
+  DeviceBuffer s0 = upload(state.data(), ns, "gated_delta_step state"), s1 = poisoned<float>(ns, "gated_delta_step state");
+  DeviceBuffer srows = poisoned<float>((cuda::kMaxStepRows - 1) * ns, "gated_delta_step state rows");
+  DeviceBuffer out = poisoned<float>(T * rows_out, "gated_delta_step out"), pos(sizeof(int), "gated_delta_step pos");
+  cuda::GdnArgs g;
+  g.norm_w = dnorm.as<float>(), g.conv_w = dconv.as<float>(), g.ring = dring.as<float>();
+  g.dt_bias = dbias.as<float>(), g.neg_A = dA.as<float>(), g.state_rows = srows.as<float>(), g.pos = pos.as<int>();
+  g.Hk = Hk, g.Hv = Hv, g.Dk = Dk, g.Dv = Dv, g.eps = a.eps;
+  // The conv state after the token at position p: the ring's rows of positions p - 2 .. p.
+  auto conv_state_at = [&](int p, float* dst) {
+    for (int j = 0; j < 3; ++j) std::copy_n(ring.data() + ((p - 2 + j) & (R - 1)) * C, C, dst + j * C);
+  };
+  DeviceBuffer* cur = &s0;
+  DeviceBuffer* next = &s1;
+  std::vector<float> host_state(ns);
+  for (int t = 0; t < T; t += cuda::kMaxStepRows) {
+    const int rows = std::min(cuda::kMaxStepRows, T - t), at = kFirst + t;
+    check(cudaMemcpy(pos.as<int>(), &at, sizeof(int), cudaMemcpyHostToDevice), "gated_delta_step pos");
+    g.proj = dproj.as<float>() + t * row;
+    g.out = out.as<float>() + t * rows_out;
+    g.state_in = cur->as<float>();
+    g.state_out = next->as<float>();
+    cuda::gated_delta_decode(g, nullptr, nullptr, rows);
+    std::swap(cur, next);
+    if (!a.state_rows) continue;
+    // The states after tokens t .. t + rows - 2 (state_rows), then after t + rows - 1 (state_out).
+    download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
+    for (int r = 0; r < rows && t + r + 1 < T; ++r) {
+      download(r + 1 < rows ? srows : *cur, host_state.data(), ns, "gated_delta_step state rows");
+      const float* src = host_state.data() + (r + 1 < rows ? r * ns : 0);
+      float* dst = a.state_rows + (t + r) * ns;
+      for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { dst[ref] = src[dev]; });
+      conv_state_at(at + r, a.conv_rows + (t + r) * 3 * C);
+    }
+  }
+  std::vector<float> o(T * rows_out);
+  download(out, o.data(), o.size(), "gated_delta_step out");
+  std::copy(o.begin(), o.end(), a.out);
+  download(*cur, state.data(), ns, "gated_delta_step state");
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
+  download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
+  conv_state_at(kFirst + T - 1, a.conv_state);
+}
+
 void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
   const int T = static_cast<int>(a.T), N = static_cast<int>(a.w.rows), K = static_cast<int>(a.w.cols);
   const bool tiles = route != QMatmulRoute::Decode;

@@ -22,6 +22,9 @@ void gated_rmsnorm(const ops::GatedRmsNorm& a);   // gated_rmsnorm_prefill (bf16
 // The prefill recurrence: gated_delta_scan_prefill, or with chunked
 // gated_delta_chunked_prefill (chunks of 64 tokens on tensor cores).
 void gated_delta(const ops::GatedDelta& a, bool chunked);
+// The mixer between its projections: gated_delta_decode (conv, gates, delta rule, gated norm in
+// one launch), up to 4 tokens a launch as a verify step takes them (Kc = 4).
+void gated_delta_step(const ops::GatedDeltaStep& a);
 
 // The attention mixer's kernels between its projections: Decode, attention_decode (SIMT) a
 // token a launch; DecodeTensorCores, attention_decode_tc, up to 4 rows a launch (a verify
