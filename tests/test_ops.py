@@ -397,15 +397,34 @@ def test_gated_delta_step(rng, device, T, Hk, Hv, Dk, Dv):
     assert conv_rows.shape[0] == state_rows.shape[0] == T - 1
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_gated_delta_step_520_decode_steps(rng, device):
-    """520 tokens, 4 a launch on CUDA, stay on the fp64 reference; the tail is as close as the rest."""
-    x = gated_delta_step_inputs(rng, 520, 2, 4, 128, 128)
-    out, _, state, _, _ = ops.gated_delta_step(**x, device=device)
-    out_ref, _, state_ref = ref.gated_delta_step(**x)
+# Long runs of steps (the conv ring wraps, the state double-buffers), a launch a token and 4 a
+# launch on CUDA: the synthetic tiny, lily-tiny and 35B-A3B heads.
+GATED_DELTA_STEP_ROUTES = [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
+                           pytest.param("cuda", "decode_rows", marks=cuda_only)]
+
+
+@pytest.mark.parametrize("device,route", GATED_DELTA_STEP_ROUTES)
+@pytest.mark.parametrize("T,Hk,Hv,Dk,Dv", [(600, 2, 4, 32, 32), (300, 2, 4, 64, 64), (520, 16, 32, 128, 128)])
+def test_gated_delta_step_long_runs(rng, device, route, T, Hk, Hv, Dk, Dv):
+    """Hundreds of steps stay on the fp64 reference; the tail is as close as the rest."""
+    x = gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv)
+    out, conv_state, state, _, _ = ops.gated_delta_step(**x, device=device, route=route)
+    out_ref, conv_ref, state_ref = ref.gated_delta_step(**x)
     bound = tol("gated_delta_step", device)
-    assert rel_err(out, out_ref) < bound and rel_err(state, state_ref) < bound
-    assert rel_err(out[-64:], out_ref[-64:]) < bound
+    for name, got, want in (("out", out, out_ref), ("conv_state", conv_state, conv_ref), ("state", state, state_ref),
+                            ("the last 64 outputs", out[-64:], out_ref[-64:])):
+        err = rel_err(got, want)
+        assert err < bound, f"{name}: relative error {err:.3g} against {bound:g}"
+
+
+@cuda_only
+def test_gated_delta_step_rows_are_single_steps(rng):
+    """A verify step's rows (4 tokens a launch) are one-token steps bit for bit, kept states too."""
+    x = gated_delta_step_inputs(rng, 63, 16, 32, 128, 128)
+    one = ops.gated_delta_step(**x, keep_rows=True, device="cuda", route="decode")
+    rows = ops.gated_delta_step(**x, keep_rows=True, device="cuda", route="decode_rows")
+    for a, b in zip(one, rows):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_gated_delta_step_chunked_equals_one_shot(rng):
@@ -528,6 +547,46 @@ def test_gated_attention_long_cache(rng, device, route, T, Hq, Hkv, D, rot):
     check_gated_attention(rng, device, route, T, 2100, Hq, Hkv, D, rot)
 
 
+# The decode kernels' split routing (max_splits blocks a KV head, at least min_chunk keys a
+# split) over runs of steps from position 0, and single steps far into the cache: splits from
+# 5 keys, odd split counts, G = 1, 8 and 16, a merge over 256 splits, 35B-A3B's own routing.
+GATED_ATTENTION_SPLITS = [  # Hq, Hkv, D, max_splits, min_chunk, steps from 0 (or one step at pos0)
+    (4, 2, 64, 8, 4, 200, 0), (16, 2, 256, 8, 16, 300, 0), (16, 2, 256, 64, 64, 300, 0), (8, 8, 128, 4, 8, 100, 0),
+    (8, 1, 128, 3, 7, 90, 0), (32, 2, 128, 3, 150, 300, 0), (16, 2, 256, 256, 2, 1, 3000),
+    (16, 2, 256, 64, 128, 1, 131071)]
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["decode", "decode_tc"])
+@pytest.mark.parametrize("Hq,Hkv,D,max_splits,min_chunk,T,pos0", GATED_ATTENTION_SPLITS)
+def test_gated_attention_decode_splits(rng, route, Hq, Hkv, D, max_splits, min_chunk, T, pos0):
+    if route == "decode" and Hq // Hkv > 8:
+        pytest.skip("the SIMT kernel takes at most 8 query heads a KV head")
+    args = gated_attention_inputs(rng, T, pos0, Hq, Hkv, D)
+    got = ops.gated_attention(*args, D // 4, 1e7, 1e-6, device="cuda", route=route, max_splits=max_splits,
+                              min_chunk=min_chunk)
+    want = ref.gated_attention(*args, D // 4, 1e7, 1e-6)
+    bound = tol("gated_attention", "cuda", route)
+    assert rel_err(got[0], want[0]) < bound and rel_err(got[1][pos0:], want[1][pos0:]) < bound
+    if route == "decode_tc" and Hq // Hkv <= 8:  # the appended K/V rows are the SIMT kernel's, bit for bit
+        simt = ops.gated_attention(*args, D // 4, 1e7, 1e-6, device="cuda", route="decode", max_splits=max_splits,
+                                   min_chunk=min_chunk)
+        np.testing.assert_array_equal(got[1], simt[1])
+        np.testing.assert_array_equal(got[2], simt[2])
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["decode", "decode_tc"])
+def test_gated_attention_at_the_last_position(rng, route):
+    """One step at position 262,143 (the model's 256K context): RoPE angles and 64 splits of 4K keys."""
+    pos0, Hq, Hkv, D = 262143, 2, 1, 256
+    args = gated_attention_inputs(rng, 1, pos0, Hq, Hkv, D)
+    got = ops.gated_attention(*args, D // 4, 1e7, 1e-6, device="cuda", route=route, max_splits=64)
+    want = ref.gated_attention(*args, D // 4, 1e7, 1e-6)
+    bound = tol("gated_attention", "cuda", route)
+    assert rel_err(got[0], want[0]) < bound and rel_err(got[1][pos0:], want[1][pos0:]) < bound
+
+
 def test_gated_attention_chunked_equals_one_shot(rng):
     T, Hq, Hkv, D, rot = 130, 6, 2, 64, 16
     qg, k, v, qn, kn, kc, vc = gated_attention_inputs(rng, T, 0, Hq, Hkv, D)
@@ -551,6 +610,8 @@ def test_gated_attention_refuses_bad_shapes(rng):
         ops.gated_attention(qg[:, :3], k, v, qn, kn, kc, vc, 16, 1e7, 1e-6)
     with pytest.raises(Exception, match=r"gated_attention: route 'prefill' is not one of '' \(cpu\)"):
         ops.gated_attention(qg, k, v, qn, kn, kc, vc, 16, 1e7, 1e-6, route="prefill")
+    with pytest.raises(Exception, match=r"gated_attention: max_splits and min_chunk route CUDA's decode kernels"):
+        ops.gated_attention(qg, k, v, qn, kn, kc, vc, 16, 1e7, 1e-6, max_splits=4)
 
 
 # ---- MoE -------------------------------------------------------------------------------------

@@ -379,7 +379,8 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
 using StepOuts = std::tuple<Out<float>, Out<float>, Out<float>, Out<float>, Out<float>>;
 StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a, In<float> conv_w,
                           In<float> conv_state, In<float> A_log, In<float> dt_bias, In<float> norm, In<float> state,
-                          int64_t num_key_heads, float eps, bool keep_rows, const std::string& device) {
+                          int64_t num_key_heads, float eps, bool keep_rows, const std::string& device,
+                          const std::string& route) {
   const char* op = "gated_delta_step";
   need(z, {-1, -1, -1}, op, "z [T, Hv, Dv]");
   const int64_t T = z.shape(0), Hv = z.shape(1), Dv = z.shape(2), Hk = num_key_heads;
@@ -397,6 +398,9 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
   need(dt_bias, {Hv}, op, "dt_bias");
   need(norm, {Dv}, op, "norm");
   const Backend be = backend_of(device, op);
+  if (!(route.empty() || (be == Backend::Cuda && (route == "decode" || route == "decode_rows"))))
+    fail(op, ": route '", route, "' is not one of ", be == Backend::Cuda ? "'', 'decode', 'decode_rows'" : "'' (",
+         device, ")");
   auto [o, op_out] = new_array<float>(shape_of(z));
   auto [cs, csp] = new_array<float>(shape_of(conv_state));
   auto [st, stp] = new_array<float>(shape_of(state));
@@ -408,7 +412,7 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
   const ops::GatedDeltaStep args{mixed.data(), z.data(), b.data(), a.data(), conv_w.data(), A_log.data(),
                                  dt_bias.data(), norm.data(), T, Hk, Hv, Dk, Dv, Kc, eps, csp, stp, op_out,
                                  keep_rows ? crp : nullptr, keep_rows ? srp : nullptr};
-  run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(cuda_ops::gated_delta_step(args)), nullptr);
+  run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(cuda_ops::gated_delta_step(args, route == "decode" ? 1 : 4)), nullptr);
   return {o, cs, st, cr, sr};
 }
 
@@ -433,7 +437,8 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
                                                                In<float> q_norm, In<float> k_norm, In<float> k_cache,
                                                                In<float> v_cache, int64_t rotary_dim, double theta,
                                                                float eps, const std::string& device,
-                                                               const std::string& route) {
+                                                               const std::string& route, int max_splits,
+                                                               int min_chunk) {
   const char* op = "gated_attention";
   need(qg, {-1, -1, -1}, op, "qg [T, Hq, 2D]");
   const int64_t T = qg.shape(0), Hq = qg.shape(1), D = qg.shape(2) / 2;
@@ -450,6 +455,9 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tc" || route == "prefill"))))
     fail(op, ": route '", route, "' is not one of ",
          b == Backend::Cuda ? "'', 'decode', 'decode_tc', 'prefill'" : "'' (", device, ")");
+  if ((max_splits || min_chunk) && !(b == Backend::Cuda && route != "prefill"))
+    fail(op, ": max_splits and min_chunk route CUDA's decode kernels (route 'decode' or 'decode_tc')");
+  if (max_splits < 0 || min_chunk < 0) fail(op, ": max_splits and min_chunk must be >= 0 (0: the kernels' defaults)");
   const std::vector<size_t> cache_shape{static_cast<size_t>(pos0 + T), static_cast<size_t>(Hkv), static_cast<size_t>(D)};
   auto [kc, kcp] = new_array<float>(cache_shape);
   auto [vc, vcp] = new_array<float>(cache_shape);
@@ -461,7 +469,8 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   run_on(b, op, [&] { cpu::gated_attention(args); },
          LILY_ON_CUDA(cuda_ops::gated_attention(args, route == "prefill"  ? cuda_ops::AttentionRoute::Prefill
                                                       : route == "decode" ? cuda_ops::AttentionRoute::Decode
-                                                                          : cuda_ops::AttentionRoute::DecodeTensorCores)),
+                                                                          : cuda_ops::AttentionRoute::DecodeTensorCores,
+                                                      {max_splits, min_chunk})),
          nullptr);
   return {o, kc, vc};
 }
@@ -650,19 +659,22 @@ void register_ops(nb::module_& m) {
   ops.def("gated_delta_step", &gated_delta_step, nb::arg("mixed"), nb::arg("z"), nb::arg("b"), nb::arg("a"),
           nb::arg("conv_w"), nb::arg("conv_state"), nb::arg("A_log"), nb::arg("dt_bias"), nb::arg("norm"),
           nb::arg("state"), nb::arg("num_key_heads"), nb::arg("eps"), nb::arg("keep_rows") = false,
-          nb::arg("device") = "cpu",
+          nb::arg("device") = "cpu", nb::arg("route") = "",
           "(out [T, Hv, Dv], conv_state, state, conv_rows, state_rows) of the Gated DeltaNet mixer between its\n"
           "projections: conv + SiLU, l2-normed q/k, gates, delta rule, gated RMSNorm; with keep_rows the states\n"
-          "after each token but the last (a verify step's), else empty rows");
+          "after each token but the last (a verify step's), else empty rows; on cuda route 'decode' (a launch a\n"
+          "token) or 'decode_rows' (4 tokens a launch, as verify steps; the default)");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           nb::arg("device") = "cpu",
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
   ops.def("gated_attention", &gated_attention, nb::arg("qg"), nb::arg("k"), nb::arg("v"), nb::arg("q_norm"),
           nb::arg("k_norm"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("rotary_dim"), nb::arg("theta"),
-          nb::arg("eps"), nb::arg("device") = "cpu", nb::arg("route") = "",
+          nb::arg("eps"), nb::arg("device") = "cpu", nb::arg("route") = "", nb::arg("max_splits") = 0,
+          nb::arg("min_chunk") = 0,
           "(out [T, Hq, D], k_cache, v_cache) of the attention mixer between its projections: q/k norms, partial\n"
           "RoPE, causal GQA over the cache with the chunk appended, the sigmoid gate; on cuda route 'decode',\n"
-          "'decode_tc' (the default) or 'prefill'");
+          "'decode_tc' (the default) or 'prefill', the decode routes splitting the keys by max_splits and\n"
+          "min_chunk (0: the executor's defaults)");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
   ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),

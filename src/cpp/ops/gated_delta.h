@@ -50,7 +50,7 @@ struct GatedDelta {
 // q = l2norm(q) Dk^-1/2, k = l2norm(k); (g, beta) = gated_delta_gates(a, b); o = gated_delta(q, k,
 // v, g, beta); out = gated_rmsnorm(o, z, norm). With conv_rows and state_rows the states after
 // each token but the last are kept too, as a verify step keeps them.
-// tolerance gated_delta_step: cpu 2e-6, cuda 1e-4
+// tolerance gated_delta_step: cpu 2e-6, cuda 2e-6
 struct GatedDeltaStep {
   const float* mixed = nullptr;    // [T, 2 Hk Dk + Hv Dv]: the in-projection's q | k | v rows, before the conv
   const float* z = nullptr;        // [T, Hv, Dv]

@@ -135,10 +135,11 @@ void gated_delta(const ops::GatedDelta& a, bool chunked) {
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
 }
 
-void gated_delta_step(const ops::GatedDeltaStep& a) {
+void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
   const int T = static_cast<int>(a.T), Hk = static_cast<int>(a.Hk), Hv = static_cast<int>(a.Hv);
   const int Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
   need(a.Kc == 4, "gated_delta_step", "the decode kernel's conv has 4 taps");
+  need(rows_per_launch >= 1 && rows_per_launch <= cuda::kMaxStepRows, "gated_delta_step", "1 to 4 rows a launch");
   if (T == 0) return;
   const size_t kd = static_cast<size_t>(Hk) * Dk, vd = static_cast<size_t>(Hv) * Dv, C = 2 * kd + vd;
   const size_t ns = vd * Dk, rows_out = static_cast<size_t>(Hv) * Dv;
@@ -176,9 +177,9 @@ void gated_delta_step(const ops::GatedDeltaStep& a) {
   };
   DeviceBuffer* cur = &s0;
   DeviceBuffer* next = &s1;
-  std::vector<float> host_state(ns);
-  for (int t = 0; t < T; t += cuda::kMaxStepRows) {
-    const int rows = std::min(cuda::kMaxStepRows, T - t), at = kFirst + t;
+  std::vector<float> kept(cuda::kMaxStepRows * ns);  // a launch's states after each of its tokens
+  for (int t = 0; t < T; t += rows_per_launch) {
+    const int rows = std::min(rows_per_launch, T - t), at = kFirst + t;
     check(cudaMemcpy(pos.as<int>(), &at, sizeof(int), cudaMemcpyHostToDevice), "gated_delta_step pos");
     g.proj = dproj.as<float>() + t * row;
     g.out = out.as<float>() + t * rows_out;
@@ -189,9 +190,10 @@ void gated_delta_step(const ops::GatedDeltaStep& a) {
     if (!a.state_rows) continue;
     // The states after tokens t .. t + rows - 2 (state_rows), then after t + rows - 1 (state_out).
     download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
+    download(srows, kept.data(), (rows - 1) * ns, "gated_delta_step state rows");
+    if (t + rows < T) download(*cur, kept.data() + (rows - 1) * ns, ns, "gated_delta_step state");
     for (int r = 0; r < rows && t + r + 1 < T; ++r) {
-      download(r + 1 < rows ? srows : *cur, host_state.data(), ns, "gated_delta_step state rows");
-      const float* src = host_state.data() + (r + 1 < rows ? r * ns : 0);
+      const float* src = kept.data() + r * ns;
       float* dst = a.state_rows + (t + r) * ns;
       for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { dst[ref] = src[dev]; });
       conv_state_at(at + r, a.conv_rows + (t + r) * 3 * C);
@@ -258,7 +260,7 @@ void embedding(const ops::Embedding& a) {
   download(out, a.out, static_cast<size_t>(T) * H, "embedding");
 }
 
-void gated_attention(const ops::GatedAttention& a, AttentionRoute route) {
+void gated_attention(const ops::GatedAttention& a, AttentionRoute route, AttentionSplits splits) {
   const int T = static_cast<int>(a.T), pos0 = static_cast<int>(a.pos0), ctx = pos0 + T;
   const int Hq = static_cast<int>(a.Hq), Hkv = static_cast<int>(a.Hkv), D = static_cast<int>(a.D);
   need(D == 64 || D == 128 || D == 256, "gated_attention", "head dim must be 64, 128 or 256");
@@ -301,6 +303,8 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route) {
   } else {
     const int step = route == AttentionRoute::Decode ? 1 : cuda::kMaxStepRows;  // rows a launch
     cuda::AttnArgs d;
+    if (splits.max_splits) d.max_splits = splits.max_splits;
+    if (splits.min_chunk) d.min_chunk = splits.min_chunk;
     DeviceBuffer partial = poisoned<float>(step * cuda::attention_partial_floats(Hq, Hkv, D, d.max_splits),
                                            "gated_attention splits");
     DeviceBuffer dout = poisoned<float>(n_out, "gated_attention out"), pos(sizeof(int), "gated_attention pos");

@@ -23,13 +23,18 @@ void gated_rmsnorm(const ops::GatedRmsNorm& a);   // gated_rmsnorm_prefill (bf16
 // gated_delta_chunked_prefill (chunks of 64 tokens on tensor cores).
 void gated_delta(const ops::GatedDelta& a, bool chunked);
 // The mixer between its projections: gated_delta_decode (conv, gates, delta rule, gated norm in
-// one launch), up to 4 tokens a launch as a verify step takes them (Kc = 4).
-void gated_delta_step(const ops::GatedDeltaStep& a);
+// one launch; Kc = 4), rows_per_launch tokens a launch (1: decode steps; up to 4: verify steps).
+void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch);
 
 // The attention mixer's kernels between its projections: Decode, attention_decode (SIMT) a
 // token a launch; DecodeTensorCores, attention_decode_tc, up to 4 rows a launch (a verify
 // step's); Prefill, attention_prefill over the whole chunk. Caches in bf16, as the executor's.
+// The decode routes split the keys as the executor does (attention_decode.h's max_splits and
+// min_chunk; 0: its defaults).
 enum class AttentionRoute { Decode, DecodeTensorCores, Prefill };
-void gated_attention(const ops::GatedAttention& a, AttentionRoute route);
+struct AttentionSplits {
+  int max_splits = 0, min_chunk = 0;
+};
+void gated_attention(const ops::GatedAttention& a, AttentionRoute route, AttentionSplits splits = {});
 
 }  // namespace lily::cuda_ops

@@ -1,16 +1,14 @@
 // Standalone tests of the CUDA kernels against fp64 references (the CMake target
 // lily_kernel_tests, built and run by scripts/gpu_check.sh). Usage:
-//   kernel_tests [--suite NAME] [--long]
+//   kernel_tests [--suite NAME]
 // --suite runs one suite (scripts/gpu_check.sh runs each in its own process, so a
-// kernel fault in one suite does not hide the others); --long: attention at position
-// 262,143. Kernel timings: benchmarks/ops/run.sh.
+// kernel fault in one suite does not hide the others). Kernel timings: benchmarks/ops/run.sh.
 #include <cstring>
 
 #include "test_util.h"
 
 namespace lily::cuda::test {
 void run_qmatmul_moe_decode_tests();
-void run_sequence_tests(bool long_context);
 void run_head_tests();
 void run_qmatmul_prefill_tests();
 void run_moe_prefill_tests();
@@ -22,10 +20,8 @@ void run_rows_tests();
 
 int main(int argc, char** argv) {
   using namespace lily::cuda::test;
-  bool long_context = false;
   const char* suite = nullptr;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--long")) long_context = true;
     if (!std::strcmp(argv[i], "--suite") && i + 1 < argc) suite = argv[++i];
   }
   cudaDeviceProp prop;
@@ -33,24 +29,23 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   const struct {
     const char* name;
-    void (*run)(bool);
+    void (*run)();
   } suites[] = {
-      {"qmatmul_moe_decode", [](bool) { run_qmatmul_moe_decode_tests(); }},
-      {"sequence", [](bool l) { run_sequence_tests(l); }},
-      {"head", [](bool) { run_head_tests(); }},
-      {"qmatmul_prefill", [](bool) { run_qmatmul_prefill_tests(); }},
-      {"moe_prefill", [](bool) { run_moe_prefill_tests(); }},
-      {"gated_delta_prefill", [](bool) { run_gated_delta_prefill_tests(); }},
-      {"attention_prefill", [](bool) { run_attention_prefill_tests(); }},
-      {"wgmma", [](bool) { run_wgmma_tests(); }},
-      {"rows", [](bool) { run_rows_tests(); }},
+      {"qmatmul_moe_decode", run_qmatmul_moe_decode_tests},
+      {"head", run_head_tests},
+      {"qmatmul_prefill", run_qmatmul_prefill_tests},
+      {"moe_prefill", run_moe_prefill_tests},
+      {"gated_delta_prefill", run_gated_delta_prefill_tests},
+      {"attention_prefill", run_attention_prefill_tests},
+      {"wgmma", run_wgmma_tests},
+      {"rows", run_rows_tests},
   };
   bool found = suite == nullptr;
   try {
     for (const auto& s : suites)
       if (!suite || !std::strcmp(suite, s.name)) {
         found = true;
-        s.run(long_context);
+        s.run();
       }
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
