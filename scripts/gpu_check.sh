@@ -35,7 +35,7 @@ OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 STEPS=",${LILY_GPU_STEPS:-kernels,pytest,consistency,decode,ops,bench},"
-LILY_GPU_SUITES=${LILY_GPU_SUITES:-qmatmul_moe_decode,head,qmatmul_prefill,moe_prefill,gated_delta_prefill,attention_prefill,wgmma,rows}
+LILY_GPU_SUITES=${LILY_GPU_SUITES:-qmatmul_decode,head,qmatmul_prefill,moe_prefill,gated_delta_prefill,attention_prefill,wgmma,rows}
 want() { [[ $STEPS == *",$1,"* ]]; }
 JOBS=$(nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS LILY_CUDA=ON PYTHONUNBUFFERED=1

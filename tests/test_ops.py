@@ -666,6 +666,63 @@ def test_moe_block(rng, T, norm_topk_prob):
     assert rel_err(got, ref.moe_block(x, w, 4, norm_topk_prob)) < 2e-6
 
 
+def moe_decode_weights(rng, H, E, I, Is):
+    """Weights as the CUDA decode kernels take them: 4-bit group-64 experts (tensor-core tiles
+    possible), the router and shared gate at 8 bits."""
+    return {"router": ref.random_qweight(rng, E, H, bits=8), "gate_proj": ref.random_qweight(rng, I, H, experts=E),
+            "up_proj": ref.random_qweight(rng, I, H, experts=E), "down_proj": ref.random_qweight(rng, H, I, experts=E),
+            "shared_gate_proj": ref.random_qweight(rng, Is, H), "shared_up_proj": ref.random_qweight(rng, Is, H),
+            "shared_down_proj": ref.random_qweight(rng, H, Is), "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8)}
+
+
+# (H, E, k, I, Is): small widths, 35B-A3B's experts at H = 2048, H = 4096 (256 row blocks: the
+# 8-warp down), I = 192 (3 groups, 24 row blocks an expert: not powers of two).
+MOE_DECODE_SHAPES = [(256, 16, 4, 64, 128), (128, 8, 2, 64, 64), (2048, 64, 8, 512, 512), (4096, 64, 8, 512, 512),
+                     (256, 16, 4, 192, 64)]
+# The router's shapes on MLX-order weights: all 256 experts (a router row per warp of the
+# cluster), 513 rows (several a warp), E = 300 (not a multiple of 32).
+MOE_ROUTER_SHAPES = [(2048, 256, 8, 512, 512), (256, 512, 10, 64, 64), (256, 300, 8, 64, 64)]
+# The tiles take x into the mma as two bf16 halves (hi + lo): close to fp32, not equal.
+MOE_BLOCK_CUDA_TOL = {"decode": 5e-6, "decode_tiles": 5e-5}
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["decode", "decode_tiles"])
+@pytest.mark.parametrize("T", [1, 2, 4, 7])
+@pytest.mark.parametrize("H,E,k,I,Is", MOE_DECODE_SHAPES)
+def test_moe_block_cuda(rng, route, T, H, E, k, I, Is):
+    w = moe_decode_weights(rng, H, E, I, Is)
+    x = randn(rng, T, H)
+    norm = T != 4  # both renormalised and raw routing weights
+    if route == "decode_tiles" and H == 4096 and T > 2:  # 4 rows' x of 4,096 do not fit the router's smem
+        with pytest.raises(Exception, match=r"moe_router_decode: 4 rows of hidden size 4096 and 64 experts need "
+                                            r"\d+ bytes of shared memory, more than 49152"):
+            ops.moe_block(x, w, k, norm, device="cuda", route=route)
+        return
+    err = rel_err(ops.moe_block(x, w, k, norm, device="cuda", route=route), ref.moe_block(x, w, k, norm))
+    assert err < MOE_BLOCK_CUDA_TOL[route], f"relative error {err:.3g}"
+
+
+@cuda_only
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("H,E,k,I,Is", MOE_ROUTER_SHAPES)
+def test_moe_block_cuda_many_experts(rng, T, H, E, k, I, Is):
+    w = moe_decode_weights(rng, H, E, I, Is)
+    x = randn(rng, T, H)
+    err = rel_err(ops.moe_block(x, w, k, True, device="cuda", route="decode"), ref.moe_block(x, w, k, True))
+    assert err < MOE_BLOCK_CUDA_TOL["decode"], f"relative error {err:.3g}"
+
+
+@cuda_only
+def test_moe_block_cuda_router_clusters_route_alike(rng):
+    """A partitioned GPU may place smaller router clusters: each row is still one warp's dot."""
+    w = moe_decode_weights(rng, 2048, 64, 512, 512)
+    x = randn(rng, 4, 2048)
+    full = ops.moe_block(x, w, 8, True, device="cuda")
+    for cluster in (8, 4, 1):
+        np.testing.assert_array_equal(ops.moe_block(x, w, 8, True, device="cuda", router_cluster=cluster), full)
+
+
 def test_moe_block_chunked_equals_one_shot(rng):
     w = moe_weights(rng)
     x = randn(rng, 130, 128)

@@ -497,18 +497,28 @@ Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle d
   return y;
 }
 
-Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_topk_prob) {
+Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_topk_prob, const std::string& device,
+                     const std::string& route, int router_cluster) {
   const char* op = "moe_block";
   PyMatrices m;
   const MoeWeights w = moe_weights_from(weights, m, op);
   ModelConfig c;
   set_moe_config(c, w, top_k, norm_topk_prob);
   need(x, {-1, c.hidden_size}, op, "x");
+  const Backend b = backend_of(device, op);
+  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles"))))
+    fail(op, ": route '", route, "' is not one of ", b == Backend::Cuda ? "'', 'decode', 'decode_tiles'" : "'' (",
+         device, ")");
+  if (router_cluster && b != Backend::Cuda) fail(op, ": router_cluster sizes CUDA's router");
+  if (router_cluster < 0) fail(op, ": router_cluster must be >= 0 (0: the executor's)");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>(shape_of(x));
-  nb::gil_scoped_release nogil;
-  cpu::MoeBuffers buf;
-  cpu::moe_block(w, c, x.data(), T, buf, yp);
+  run_on(b, op, [&] {
+    cpu::MoeBuffers buf;
+    cpu::moe_block(w, c, x.data(), T, buf, yp);
+  }, LILY_ON_CUDA(cuda_ops::moe_block(w, static_cast<int>(top_k), norm_topk_prob, x.data(), T, yp,
+                                      route == "decode" ? cuda_ops::MoeRoute::Decode : cuda_ops::MoeRoute::DecodeTiles,
+                                      router_cluster)), nullptr);
   return y;
 }
 
@@ -680,8 +690,11 @@ void register_ops(nb::module_& m) {
   ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
           "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
-          "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj, "
-          "shared_up_proj, shared_down_proj, shared_expert_gate");
+          nb::arg("device") = "cpu", nb::arg("route") = "", nb::arg("router_cluster") = 0,
+          "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj,\n"
+          "shared_up_proj, shared_down_proj, shared_expert_gate; on cuda route 'decode' (MLX-order weights, a\n"
+          "token a launch) or 'decode_tiles' (tensor-core tiles, 4 tokens a launch; the default), router_cluster\n"
+          "capping the router's cluster (0: the executor's)");
   ops.def("gated_delta_mixer", &gated_delta_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
           nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
           nb::arg("value_head_dim"), nb::arg("eps"),

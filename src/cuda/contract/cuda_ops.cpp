@@ -13,6 +13,8 @@
 #include "gated_delta/gated_delta_chunked_prefill.h"
 #include "gated_delta/gated_delta_decode.h"
 #include "gated_delta/gated_rmsnorm_prefill.h"
+#include "moe/moe_experts_decode.h"
+#include "moe/moe_router_decode.h"
 #include "norm/embedding_prefill.h"
 #include "norm/rmsnorm_prefill.h"
 #include "qmatmul/qmatmul_decode.h"
@@ -325,6 +327,50 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
   download(kc, kb.data(), kb.size(), "gated_attention k cache");
   download(vc, vb.data(), vb.size(), "gated_attention v cache");
   for (size_t i = pos0 * kv; i < ctx * kv; ++i) a.k_cache[i] = bf16_to_float(kb[i]), a.v_cache[i] = bf16_to_float(vb[i]);
+}
+
+void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T64, float* y, MoeRoute route,
+               int router_cluster) {
+  const int T = static_cast<int>(T64), H = static_cast<int>(w.router.cols), E = static_cast<int>(w.router.rows);
+  const int I = static_cast<int>(w.gate_proj.rows), Is = static_cast<int>(w.shared_gate_proj.rows);
+  const bool tiles = route == MoeRoute::DecodeTiles;
+  need(w.gate_proj.experts == E && w.down_proj.experts == E, "moe_block", "the expert stacks must hold the router's experts");
+  if (T == 0) return;
+  // The executor's layouts (cuda_weights.cpp): the router with the shared gate as its last row;
+  // per expert I gate rows then I up rows.
+  std::vector<DeviceBuffer> owned;
+  const QMat router = cuda::upload_qmat({w.router, w.shared_expert_gate}, "moe_block router", cuda::Layout::Mlx, 0, owned);
+  std::vector<QWeight> gate_up;
+  for (int e = 0; e < E; ++e) {
+    gate_up.push_back(w.gate_proj.expert(e));
+    gate_up.push_back(w.up_proj.expert(e));
+  }
+  const cuda::Layout gu = tiles ? cuda::Layout::GateUpTiles : cuda::Layout::Mlx, rows = tiles ? cuda::Layout::Tiles : cuda::Layout::Mlx;
+  cuda::MoeExperts m;
+  m.gate_up = cuda::upload_qmat(gate_up, "moe_block gate_up", gu, I, owned);
+  m.down = cuda::upload_qmat({w.down_proj}, "moe_block down", rows, 0, owned);
+  m.shared_gate_up = cuda::upload_qmat({w.shared_gate_proj, w.shared_up_proj}, "moe_block shared gate_up", gu, Is, owned);
+  m.shared_down = cuda::upload_qmat({w.shared_down_proj}, "moe_block shared down", rows, 0, owned);
+  m.n_experts = E, m.inter = I, m.shared_inter = Is;
+  const int step = tiles ? cuda::kMaxStepRows : 1;  // tokens a launch
+  DeviceBuffer dx = upload(x, static_cast<size_t>(T) * H, "moe_block x");
+  DeviceBuffer dy(static_cast<size_t>(T) * H * sizeof(float), "moe_block y");  // down adds into it
+  check(cudaMemset(dy.as<void>(), 0, dy.bytes()), "moe_block y");
+  DeviceBuffer ids = poisoned<int>(step * top_k, "moe_block ids"), weights = poisoned<float>(step * top_k, "moe_block weights");
+  DeviceBuffer gate = poisoned<float>(step, "moe_block shared gate");
+  DeviceBuffer act = poisoned<float>(static_cast<size_t>(step) * (top_k * I + Is), "moe_block activations");
+  const int cluster = router_cluster ? router_cluster : cuda::kRouterMaxCluster;
+  for (int t = 0; t < T; t += step) {
+    const int r = std::min(step, T - t);
+    cuda::XSpec X;
+    X.x = dx.as<float>() + static_cast<size_t>(t) * H;
+    cuda::moe_router_decode(router, X, E, top_k, norm_topk_prob, {nullptr, ids.as<int>(), weights.as<float>(), gate.as<float>()},
+                            nullptr, nullptr, cluster, r);
+    cuda::moe_gate_up_decode(m, X, ids.as<int>(), top_k, act.as<float>(), nullptr, nullptr, r);
+    cuda::moe_down_decode(m, act.as<float>(), ids.as<int>(), weights.as<float>(), gate.as<float>(), top_k,
+                          dy.as<float>() + static_cast<size_t>(t) * H, nullptr, nullptr, nullptr, r);
+  }
+  download(dy, y, static_cast<size_t>(T) * H, "moe_block y");
 }
 
 }  // namespace lily::cuda_ops

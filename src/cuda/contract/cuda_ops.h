@@ -4,6 +4,7 @@
 #pragma once
 #include "ops/attention.h"
 #include "ops/gated_delta.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
 
@@ -36,5 +37,13 @@ struct AttentionSplits {
   int max_splits = 0, min_chunk = 0;
 };
 void gated_attention(const ops::GatedAttention& a, AttentionRoute route, AttentionSplits splits = {});
+
+// The MoE block (src/cpp/cpu/layers.h's moe_block: routed experts + gated shared expert) by
+// its decode kernels, moe_router_decode, moe_gate_up_decode, moe_down_decode: Decode on
+// MLX-order weights a token a launch, DecodeTiles on tensor-core tiles up to 4 tokens a launch.
+// router_cluster caps the router's cluster (0: the executor's; smaller ones route the same bits).
+enum class MoeRoute { Decode, DecodeTiles };
+void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y, MoeRoute route,
+               int router_cluster = 0);
 
 }  // namespace lily::cuda_ops

@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     walk(k * rbe, [&](int u) { return __shfl_sync(0xffffffffu, lane_expert, u); }, [](int u, int (&slot)[T]) { slot[0] = u; });
   } else {
     // Lane u < n: union expert u's id, and the slot where each token has it (8 bits a token,
-    // 0xFF: none), so a task's lookups are two shuffles.
+    // 0xFF: none), so a task's lookups are two shuffles. The XOR sets a byte once: top-k gives
+    // a token each expert at most once.
     const ExpertUnion<T> un(ids, k, m.n_experts);
     const int lane_expert = un.expert(min(lane, un.n - 1));
     uint32_t lane_slots = 0xFFFFFFFFu;

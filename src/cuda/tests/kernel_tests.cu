@@ -8,7 +8,7 @@
 #include "test_util.h"
 
 namespace lily::cuda::test {
-void run_qmatmul_moe_decode_tests();
+void run_qmatmul_decode_tests();
 void run_head_tests();
 void run_qmatmul_prefill_tests();
 void run_moe_prefill_tests();
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     const char* name;
     void (*run)();
   } suites[] = {
-      {"qmatmul_moe_decode", run_qmatmul_moe_decode_tests},
+      {"qmatmul_decode", run_qmatmul_decode_tests},
       {"head", run_head_tests},
       {"qmatmul_prefill", run_qmatmul_prefill_tests},
       {"moe_prefill", run_moe_prefill_tests},
