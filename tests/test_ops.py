@@ -513,10 +513,14 @@ GATED_ATTENTION_SHAPES = [(3, 1, 64, 16), (6, 2, 128, 32), (4, 4, 64, 64), (16, 
 # step (rows 4 at a time, as a verify step takes them), the prefill.
 GATED_ATTENTION_ROUTES = [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
                           pytest.param("cuda", "decode_tc", marks=cuda_only),
-                          pytest.param("cuda", "prefill", marks=cuda_only)]
+                          pytest.param("cuda", "prefill", marks=cuda_only),
+                          pytest.param("cuda", "prefill_mma", marks=cuda_only),
+                          pytest.param("cuda", "prefill_wgmma", marks=cuda_only)]
 
 
 def check_gated_attention(rng, device, route, T, pos0, Hq, Hkv, D, rot):
+    if route == "prefill_wgmma" and D != 256:
+        pytest.skip("the wgmma flash kernel takes head dim 256 (its refusal: test_gated_attention_wgmma_refuses)")
     args = gated_attention_inputs(rng, T, pos0, Hq, Hkv, D)
     got = ops.gated_attention(*args, rot, 1e7, 1e-6, device=device, route=route)
     want = ref.gated_attention(*args, rot, 1e7, 1e-6)
@@ -585,6 +589,60 @@ def test_gated_attention_at_the_last_position(rng, route):
     want = ref.gated_attention(*args, D // 4, 1e7, 1e-6)
     bound = tol("gated_attention", "cuda", route)
     assert rel_err(got[0], want[0]) < bound and rel_err(got[1][pos0:], want[1][pos0:]) < bound
+
+
+# The prefill kernels' block shapes: a block holds 128 query rows = 128/G tokens of a KV head's
+# G heads (G = 1, 3: 126 of 128 rows, 16: 8 tokens), 128 blocks of 1-16 key tiles, and a short
+# chunk over a long cache, whose key tiles are split over blocks and merged.
+@cuda_only
+@pytest.mark.parametrize("route", ["prefill_mma", "prefill_wgmma"])
+@pytest.mark.parametrize("Hq,Hkv,T,pos0", [(2, 2, 257, 1000), (6, 2, 100, 1000), (16, 1, 100, 1000),
+                                           (16, 2, 1024, 0), (16, 2, 64, 40000)])
+def test_gated_attention_prefill_blocks(rng, route, Hq, Hkv, T, pos0):
+    check_gated_attention(rng, "cuda", route, T, pos0, Hq, Hkv, 256, 64)
+
+
+@cuda_only
+def test_gated_attention_wgmma_refuses(rng):
+    args = gated_attention_inputs(rng, 7, 0, 4, 2, 64)
+    with pytest.raises(Exception, match="the wgmma kernel takes head dim 256, got 64"):
+        ops.gated_attention(*args, 16, 1e7, 1e-6, device="cuda", route="prefill_wgmma")
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["prefill_mma", "prefill_wgmma"])
+@pytest.mark.parametrize("Hq,Hkv,D,T,pos0,split", [(16, 2, 256, 257, 1000, 100), (4, 2, 64, 100, 0, 37)])
+def test_gated_attention_prefill_in_chunks(rng, route, Hq, Hkv, D, T, pos0, split):
+    """A prompt prefilled in two calls writes the cache of one call, bit for bit; the outputs
+    stay on the reference (a call's flash tiles start at its own first token)."""
+    if route == "prefill_wgmma" and D != 256:
+        pytest.skip("the wgmma flash kernel takes head dim 256")
+    qg, k, v, qn, kn, kc, vc = gated_attention_inputs(rng, T, pos0, Hq, Hkv, D)
+    run = lambda a, b, kc, vc: ops.gated_attention(qg[a:b], k[a:b], v[a:b], qn, kn, kc, vc, D // 4, 1e7, 1e-6,
+                                                   device="cuda", route=route)
+    one = run(0, T, kc, vc)
+    first = run(0, split, kc, vc)
+    second = run(split, T, first[1], first[2])
+    np.testing.assert_array_equal(second[1], one[1])
+    np.testing.assert_array_equal(second[2], one[2])
+    want = ref.gated_attention(qg, k, v, qn, kn, kc, vc, D // 4, 1e7, 1e-6)[0]
+    got = np.concatenate([first[0], second[0]])
+    assert rel_err(got, want) < tol("gated_attention", "cuda", route)
+
+
+@cuda_only
+@pytest.mark.parametrize("Hq,Hkv,D,T,pos0", [(16, 2, 256, 101, 1000), (8, 1, 128, 65, 0)])
+def test_gated_attention_decode_continues_a_prefill(rng, Hq, Hkv, D, T, pos0):
+    """Prefill T-1 tokens, then one decode step: the cache equals T decode steps bit for bit."""
+    qg, k, v, qn, kn, kc, vc = gated_attention_inputs(rng, T, pos0, Hq, Hkv, D)
+    rot = D // 4
+    steps = ops.gated_attention(qg, k, v, qn, kn, kc, vc, rot, 1e7, 1e-6, device="cuda", route="decode")
+    pre = ops.gated_attention(qg[:-1], k[:-1], v[:-1], qn, kn, kc, vc, rot, 1e7, 1e-6, device="cuda", route="prefill")
+    last = ops.gated_attention(qg[-1:], k[-1:], v[-1:], qn, kn, pre[1], pre[2], rot, 1e7, 1e-6, device="cuda",
+                               route="decode")
+    np.testing.assert_array_equal(last[1], steps[1])
+    np.testing.assert_array_equal(last[2], steps[2])
+    np.testing.assert_array_equal(last[0], steps[0][-1:])
 
 
 def test_gated_attention_chunked_equals_one_shot(rng):

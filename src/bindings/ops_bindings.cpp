@@ -432,6 +432,15 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const s
   return o;
 }
 
+#ifdef LILY_HAS_CUDA
+// gated_attention's CUDA kernels by route name ('': the decode step's tensor-core kernel).
+cuda_ops::AttentionRoute cuda_attention_route(const std::string& r) {
+  using R = cuda_ops::AttentionRoute;
+  return r == "decode" ? R::Decode : r == "prefill" ? R::Prefill : r == "prefill_mma" ? R::PrefillMma
+       : r == "prefill_wgmma" ? R::PrefillWgmma : R::DecodeTensorCores;
+}
+#endif
+
 // (out [T, Hq, D], k_cache, v_cache [pos0 + T, Hkv, D]): the caches with the chunk appended.
 std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<float> k, In<float> v,
                                                                In<float> q_norm, In<float> k_norm, In<float> k_cache,
@@ -452,10 +461,14 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   const int64_t pos0 = k_cache.shape(0);
   need(v_cache, {pos0, Hkv, D}, op, "v_cache");
   const Backend b = backend_of(device, op);
-  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tc" || route == "prefill"))))
+  const bool known = route == "decode" || route == "decode_tc" || route == "prefill" || route == "prefill_mma" ||
+                     route == "prefill_wgmma";
+  if (!(route.empty() || (b == Backend::Cuda && known)))
     fail(op, ": route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tc', 'prefill'" : "'' (", device, ")");
-  if ((max_splits || min_chunk) && !(b == Backend::Cuda && route != "prefill"))
+         b == Backend::Cuda ? "'', 'decode', 'decode_tc', 'prefill', 'prefill_mma', 'prefill_wgmma'" : "'' (", device,
+         ")");
+  const bool decode_route = route.empty() || route.rfind("decode", 0) == 0;
+  if ((max_splits || min_chunk) && !(b == Backend::Cuda && decode_route))
     fail(op, ": max_splits and min_chunk route CUDA's decode kernels (route 'decode' or 'decode_tc')");
   if (max_splits < 0 || min_chunk < 0) fail(op, ": max_splits and min_chunk must be >= 0 (0: the kernels' defaults)");
   const std::vector<size_t> cache_shape{static_cast<size_t>(pos0 + T), static_cast<size_t>(Hkv), static_cast<size_t>(D)};
@@ -467,10 +480,7 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   const ops::GatedAttention args{qg.data(), k.data(), v.data(), q_norm.data(), k_norm.data(), kcp, vcp,
                                  T, pos0, Hq, Hkv, D, rotary_dim, theta, eps, outp};
   run_on(b, op, [&] { cpu::gated_attention(args); },
-         LILY_ON_CUDA(cuda_ops::gated_attention(args, route == "prefill"  ? cuda_ops::AttentionRoute::Prefill
-                                                      : route == "decode" ? cuda_ops::AttentionRoute::Decode
-                                                                          : cuda_ops::AttentionRoute::DecodeTensorCores,
-                                                      {max_splits, min_chunk})),
+         LILY_ON_CUDA(cuda_ops::gated_attention(args, cuda_attention_route(route), {max_splits, min_chunk})),
          nullptr);
   return {o, kc, vc};
 }
@@ -683,8 +693,8 @@ void register_ops(nb::module_& m) {
           nb::arg("min_chunk") = 0,
           "(out [T, Hq, D], k_cache, v_cache) of the attention mixer between its projections: q/k norms, partial\n"
           "RoPE, causal GQA over the cache with the chunk appended, the sigmoid gate; on cuda route 'decode',\n"
-          "'decode_tc' (the default) or 'prefill', the decode routes splitting the keys by max_splits and\n"
-          "min_chunk (0: the executor's defaults)");
+          "'decode_tc' (the default), 'prefill' (its flash kernel by head dim), 'prefill_mma' or 'prefill_wgmma',\n"
+          "the decode routes splitting the keys by max_splits and min_chunk (0: the executor's defaults)");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
           "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
   ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),

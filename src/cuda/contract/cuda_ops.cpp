@@ -289,7 +289,7 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
   const size_t n_out = static_cast<size_t>(T) * Hq * D;
   std::vector<float> out(n_out);
 
-  if (route == AttentionRoute::Prefill) {
+  if (route == AttentionRoute::Prefill || route == AttentionRoute::PrefillMma || route == AttentionRoute::PrefillWgmma) {
     DeviceBuffer ob = poisoned<uint16_t>(n_out, "gated_attention out");
     const size_t scratch_bytes = cuda::attention_prefill_scratch_bytes(T, Hq, D);
     DeviceBuffer scratch(scratch_bytes, "gated_attention scratch");
@@ -297,7 +297,10 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
                                   .k_norm = kn.as<float>(), .inv_freq = freq.as<float>(), .k_cache = kc.as<uint16_t>(),
                                   .v_cache = vc.as<uint16_t>(), .out = ob.as<uint16_t>(), .scratch = scratch.as<void>(),
                                   .scratch_bytes = scratch_bytes, .T = T, .pos0 = pos0, .ctx = ctx, .Hq = Hq, .Hkv = Hkv,
-                                  .D = D, .rot_dim = static_cast<int>(a.rotary_dim), .eps = a.eps};
+                                  .D = D, .rot_dim = static_cast<int>(a.rotary_dim), .eps = a.eps,
+                                  .route = route == AttentionRoute::PrefillMma     ? AttnRoute::Mma
+                                           : route == AttentionRoute::PrefillWgmma ? AttnRoute::Wgmma
+                                                                                   : AttnRoute::ByHeadDim};
     cuda::attention_prefill(p, nullptr);
     std::vector<uint16_t> bits(n_out);
     download(ob, bits.data(), n_out, "gated_attention out");

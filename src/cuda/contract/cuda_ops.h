@@ -29,10 +29,11 @@ void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch);
 
 // The attention mixer's kernels between its projections: Decode, attention_decode (SIMT) a
 // token a launch; DecodeTensorCores, attention_decode_tc, up to 4 rows a launch (a verify
-// step's); Prefill, attention_prefill over the whole chunk. Caches in bf16, as the executor's.
+// step's); Prefill*, attention_prefill over the whole chunk with its flash kernel by head dim
+// (the executor's default), on mma.sync, or on wgmma. Caches in bf16, as the executor's.
 // The decode routes split the keys as the executor does (attention_decode.h's max_splits and
 // min_chunk; 0: its defaults).
-enum class AttentionRoute { Decode, DecodeTensorCores, Prefill };
+enum class AttentionRoute { Decode, DecodeTensorCores, Prefill, PrefillMma, PrefillWgmma };
 struct AttentionSplits {
   int max_splits = 0, min_chunk = 0;
 };

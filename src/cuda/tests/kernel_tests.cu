@@ -13,7 +13,6 @@ void run_head_tests();
 void run_qmatmul_prefill_tests();
 void run_moe_prefill_tests();
 void run_gated_delta_prefill_tests();
-void run_attention_prefill_tests();
 void run_wgmma_tests();
 void run_rows_tests();
 }  // namespace lily::cuda::test
@@ -36,7 +35,6 @@ int main(int argc, char** argv) {
       {"qmatmul_prefill", run_qmatmul_prefill_tests},
       {"moe_prefill", run_moe_prefill_tests},
       {"gated_delta_prefill", run_gated_delta_prefill_tests},
-      {"attention_prefill", run_attention_prefill_tests},
       {"wgmma", run_wgmma_tests},
       {"rows", run_rows_tests},
   };
