@@ -246,7 +246,7 @@ def test_the_store_keeps_the_newest(tiny_model):
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"max_output_tokens": 2001}, "max_output_tokens"),  # above the server's --max-tokens-limit
     ({"top_logprobs": 3}, "top_logprobs"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tool_choice": "required"}, "tool_choice"),  # forcing a call needs tools
     ({"tool_choice": {"type": "function", "name": "get_time"}, "tools": [FUNCTION]}, "tool_choice.name"),

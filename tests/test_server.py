@@ -459,7 +459,7 @@ def status_and_param(call):
     ({"seed": -5}, "seed"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"n": 2}, "n"),
-    ({"response_format": {"type": "json_object"}}, "response_format.type"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"extra_body": {"top_k": -2}}, "top_k"),
     ({"stop": ["x"] * 17}, "stop"),
     ({"tool_choice": "required"}, "tool_choice"),  # forcing a call needs tools

@@ -53,6 +53,10 @@ class Tokenizer:
                 table.append(bytes(byte_level.get(ch, 0) for ch in piece))
         return table
 
+    def added_token_ids(self) -> list[int]:
+        """The added tokens' ids: special ones (<|im_end|>) and markup (<think>, <tool_call>)."""
+        return sorted(self._tok.get_added_tokens_decoder())
+
     def _is_byte_level(self) -> bool:
         decoder = json.loads(self._tok.to_str()).get("decoder") or {}
         return decoder.get("type") == "ByteLevel"

@@ -263,8 +263,13 @@ def _parameter_types(tools: list[dict] | None, name: str) -> dict[str, object]:
     return {}
 
 
+def is_text_type(schema_type) -> bool:
+    """Whether a parameter of this schema type is written as bare text, not as JSON."""
+    return schema_type == "string" or schema_type == ["string"]
+
+
 def _convert(value: str, schema_type) -> object:
-    if schema_type == "string" or (isinstance(schema_type, list) and schema_type == ["string"]):
+    if is_text_type(schema_type):
         return value
     try:
         return json.loads(value)

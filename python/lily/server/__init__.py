@@ -1,4 +1,5 @@
-"""An OpenAI- and Anthropic-compatible HTTP server for one lily model (needs the `serve` extra: fastapi, uvicorn).
+"""An OpenAI- and Anthropic-compatible HTTP server for one lily model (needs the `serve` extra: fastapi,
+uvicorn, llguidance).
 
     from lily.server import create_app, ServerConfig
     app = create_app(lily.Model.load(path), ServerConfig(api_key="secret"))

@@ -133,7 +133,7 @@ def create_app(model, config: ServerConfig | None = None) -> FastAPI:
 
     async def respond(request: Request, plan, reply, stream: bool):
         worker.admit()
-        job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced, plan.thinking)
+        job = Job(plan.ids, plan.options, plan.checkpoints, plan.forced, plan.thinking, plan.structured)
         if stream:
             events = with_pings(worker.generate(job), config.ping_seconds)
             return StreamingResponse(reply.stream(events, worker.count_failure),

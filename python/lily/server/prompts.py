@@ -13,6 +13,7 @@ from ..prefix_cache import reply_start
 from ..tool_calls import prompt_opens_reasoning
 from .errors import APIError, bad_request, check_unicode, log
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .structured import StructuredOutput, structured_output
 from .thinking import EFFORT_BUDGETS, ThinkingBudget, thinking_budget
 from .tool_choice import ForcedCall, forced_call
 
@@ -30,6 +31,7 @@ class Plan:
     tools: list[dict] | None = None
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
     thinking: ThinkingBudget | None = None  # the reasoning block is closed after its tokens
+    structured: StructuredOutput | None = None  # response_format: the answer follows a grammar
     include_usage: bool = False
 
 
@@ -84,6 +86,8 @@ def chat_plan(model, req: ChatCompletionRequest, *, context: int, max_tokens_lim
                 checkpoints=reply_start(model, ids), in_reasoning=in_reasoning,
                 parse_tools=tools is not None, tools=tools, forced=forced_call(model, req, tools, in_reasoning),
                 thinking=thinking_budget(model, prompt.thinking_budget, in_reasoning))
+    if plan.forced is None:
+        plan.structured = structured_output(model, req, tools, in_reasoning)
     plan.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     return plan
 

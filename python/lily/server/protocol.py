@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from .. import params
@@ -54,8 +54,25 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JSONSchema(_Body):
+    name: NonEmpty
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema (none: any JSON)")
+    strict: bool | None = Field(None, description="refuse a schema with keywords the server cannot enforce "
+                                                  "(else they are ignored)")
+
+
 class ResponseFormat(_Body):
-    type: Literal["text"] = Field(description="only 'text' is supported")
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="'json_object': the reply is a JSON object; 'json_schema': JSON following json_schema.schema "
+                    "(both enforced by grammar-constrained decoding)")
+    json_schema: JSONSchema | None = Field(None, description="with type 'json_schema'")
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("json_schema", "json_schema goes with type 'json_schema', and only with it")
+        return self
 
 
 class _Sampling(_Body):

@@ -23,10 +23,15 @@ class ReplyWriter:
         self.prefill_seconds = 0.0  # the wait for the first token, when the reply starts by generating
         self.decode_seconds = 0.0
         self.draft_tokens = self.accepted_tokens = 0  # speculative decoding's, over the reply's generate calls
+        self.logits = None  # after the last token fed, until a generate call (constrained decoding reads them)
 
     @property
     def tokens_left(self) -> int:
         return self.options["max_tokens"] - self.tokens
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     def cancel(self) -> None:
         """Safe from any thread and from a signal handler (it takes no Python lock)."""
@@ -41,6 +46,7 @@ class ReplyWriter:
         most = self.tokens_left if limit is None else min(limit, self.tokens_left)
         run = self.session.generate(None, stream=True, **{**self.options, **options, "max_tokens": most})
         self._run = run
+        self.logits = None
         if self._cancelled:  # cancel() ran before the run was visible to it
             run.cancel()
         for piece in run:
@@ -64,10 +70,18 @@ class ReplyWriter:
         """Appends tokens to the reply as if generated (their text is emitted separately);
         returns the logits after the last one."""
         t0 = time.perf_counter()
-        logits = self.session.prefill(ids)
+        self.logits = self.session.prefill(ids)
         self.decode_seconds += time.perf_counter() - t0
         self.tokens += len(ids)
-        return logits
+        return self.logits
+
+    def feed_prompt(self, ids):
+        """Feeds the end of the prompt, which the worker left for the reply to get the logits
+        after it; returns them. Prompt tokens: not the reply's, and timed as prefill."""
+        t0 = time.perf_counter()
+        self.logits = self.session.prefill(ids)
+        self.prefill_seconds += time.perf_counter() - t0
+        return self.logits
 
     def emit(self, text: str) -> None:
         if text:

@@ -117,7 +117,22 @@ class NamedFunction(_Body):
 
 
 class TextFormat(_Body):
-    type: Literal["text"] = Field(description="only 'text' is supported")
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="'json_object': the reply is a JSON object; 'json_schema': JSON following `schema` "
+                    "(both enforced by grammar-constrained decoding)")
+    name: NonEmpty | None = Field(None, description="with type 'json_schema'")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema (none: any JSON)")
+    strict: bool | None = Field(None, description="refuse a schema with keywords the server cannot enforce "
+                                                  "(else they are ignored)")
+
+    def response_format(self) -> dict:
+        """The chat request's response_format."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        fields = {"name": self.name or "response", "description": self.description, "schema": self.schema_,
+                  "strict": self.strict}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in fields.items() if v is not None}}
 
 
 class TextConfig(_Body):
@@ -221,6 +236,7 @@ def chat_request(body: ResponsesRequest, conversation: list[dict]) -> ChatComple
         "temperature": body.temperature,
         "top_p": body.top_p,
         "reasoning_effort": body.reasoning.effort if body.reasoning else None,
+        "response_format": body.text.format.response_format() if body.text and body.text.format else None,
         "stream": body.stream,
     })
 
@@ -235,8 +251,9 @@ def responses_plan(model, body: ResponsesRequest, conversation: list[dict], **li
         return chat_plan(model, chat, **limits)
     except APIError as e:
         if e.param:  # name the Responses request's field
-            e.param = _renamed(e.param)
-            e.message = e.message.replace("max_tokens", "max_output_tokens")
+            renamed = _renamed(e.param)
+            e.message = e.message.replace(e.param, renamed).replace("max_tokens", "max_output_tokens")
+            e.param = renamed
         raise
 
 
@@ -245,6 +262,8 @@ def _renamed(param: str) -> str:
     head = re.split(r"[.\[]", param)[0]
     if head in ("messages", "max_tokens"):
         return "input" if head == "messages" else "max_output_tokens"
+    if head == "response_format":  # response_format.json_schema.schema -> text.format.schema
+        return "text.format" + param.removeprefix("response_format").removeprefix(".json_schema")
     return param.replace(".function.", ".")
 
 

@@ -136,6 +136,7 @@ class ResponseReply:
         status = {"length": "incomplete", "cancelled": "cancelled"}.get(outcome.finish_reason, "completed") if done \
             else "in_progress"
         choice = b.tool_choice.model_dump() if hasattr(b.tool_choice, "model_dump") else b.tool_choice or "auto"
+        fmt = b.text.format if b.text and b.text.format else None
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
@@ -145,7 +146,8 @@ class ResponseReply:
             "previous_response_id": b.previous_response_id,
             "reasoning": {"effort": b.reasoning.effort if b.reasoning else None, "summary": None},
             "store": b.store, "temperature": b.temperature, "top_p": b.top_p,
-            "text": {"format": {"type": "text"}}, "tool_choice": choice,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "tool_choice": choice,
             "tools": [t.model_dump() for t in b.tools or []], "truncation": "disabled",
             "usage": self._usage(outcome) if done else None, "user": b.user, "metadata": b.metadata or {},
         }

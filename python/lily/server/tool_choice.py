@@ -1,20 +1,23 @@
 """tool_choice "required" or a named function: the reply is made one tool call by forcing its start.
 
-No grammar engine is needed. The model writes freely until it would start its answer (the end
-of its reasoning, or at once without thinking); then the server feeds `<tool_call>\\n<function=`
-into the session as if the model had written it, then the function name, chosen token by token
-among the allowed names as the one the model finds most likely, and `>\\n`. The model writes the
-arguments until `</tool_call>` (or its stop token, which closes the block too). Forced tokens go
-through Session.prefill, so they are session tokens like generated ones: the prefix cache keys
-and the usage count them alike.
+The model writes freely until it would start its answer (the end of its reasoning, or at once
+without thinking); then the server feeds `<tool_call>\\n<function=` into the session as if the
+model had written it, then the function name, chosen token by token among the allowed names as
+the one the model finds most likely, and `>\\n`. The model writes the arguments: for a tool with
+`strict: true` and `parameters`, under a grammar (server/grammar.py) through `</tool_call>`, so
+they follow its schema; otherwise freely until `</tool_call>` (or its stop token, which closes
+the block too). Forced tokens go through Session.prefill, so they are session tokens like
+generated ones: the prefix cache keys and the usage count them alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..tool_calls import CALL_CLOSE, CALL_OPEN, THINK_CLOSE
+from .constrained import generate_constrained
 from .errors import bad_request
+from .grammar import arguments_rules, check_tool, compiled
 from .protocol import ChatCompletionRequest
 from .reply import ReplyWriter
 from .thinking import ThinkingBudget, reason
@@ -29,6 +32,7 @@ class ForcedCall:
     think_close: int  # token ids of the markers
     call_open: int
     call_close: int
+    grammars: dict[str, str] = field(default_factory=dict)  # name -> its arguments' grammar (strict tools)
 
 
 def forced_call(model, req: ChatCompletionRequest, tools: list[dict] | None, in_reasoning: bool) -> ForcedCall | None:
@@ -51,7 +55,19 @@ def forced_call(model, req: ChatCompletionRequest, tools: list[dict] | None, in_
         raise bad_request(f"tool_choice names {choice.function.name!r}, which is not among the tools",
                           "tool_choice.function.name")
     think_close, call_open, call_close = (_marker_id(model, m) for m in (THINK_CLOSE, CALL_OPEN, CALL_CLOSE))
-    return ForcedCall(names, in_reasoning, think_close, call_open, call_close)
+    return ForcedCall(names, in_reasoning, think_close, call_open, call_close, _grammars(model, tools, names))
+
+
+def _grammars(model, tools: list[dict], names: list[str]) -> dict[str, str]:
+    """The arguments' grammar of each allowed strict tool with parameters (the first of a name)."""
+    grammars = {}
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        if fn["name"] in names and fn["name"] not in grammars and fn.get("strict") and fn.get("parameters"):
+            param = f"tools[{i}].function.parameters"
+            check_tool(model, fn, param)
+            grammars[fn["name"]] = compiled(model, "start: arguments\n" + arguments_rules("arguments", fn), param)
+    return grammars
 
 
 def write_forced_call(reply: ReplyWriter, forced: ForcedCall, thinking: ThinkingBudget | None = None) -> str:
@@ -70,8 +86,11 @@ def write_forced_call(reply: ReplyWriter, forced: ForcedCall, thinking: Thinking
             opening = "\n\n" + opening
         elif finish == "stop":  # its stop token or a stop string ended the reasoning: close it for the model
             opening = "\n" + THINK_CLOSE + "\n\n" + opening
-    if not _force_function(reply, opening, forced.names) or reply.tokens_left == 0:
+    name = _force_function(reply, opening, forced.names)
+    if name is None or reply.tokens_left == 0:
         return "length"  # the opening did not fit, or took the last tokens: the call stays unfinished
+    if name in forced.grammars:  # the arguments follow the tool's schema, through </tool_call>
+        return generate_constrained(reply, forced.grammars[name], reply.logits)
     # The request's stop strings are for text; inside the call they would only cut its syntax.
     result = reply.generate(stop=None, stop_token_ids=[forced.call_close])
     if result.finish_reason == "stop":  # </tool_call>, or the model ended its reply: the call ends here
@@ -79,12 +98,12 @@ def write_forced_call(reply: ReplyWriter, forced: ForcedCall, thinking: Thinking
     return result.finish_reason
 
 
-def _force_function(reply: ReplyWriter, opening: str, names: list[str]) -> bool:
+def _force_function(reply: ReplyWriter, opening: str, names: list[str]) -> str | None:
     """Feeds `opening`, a function name and `>\\n`, choosing the name greedily token by token
-    among `names`. False, feeding nothing, when the longest choice would exceed max_tokens."""
+    among `names`; returns it. None, feeding nothing, when the longest choice would exceed max_tokens."""
     candidates = {name: reply.encode(opening + name + ">\n") for name in names}
     if max(map(len, candidates.values())) > reply.tokens_left:
-        return False
+        return None
     # Every candidate starts with the opening's first token, so they share at least one.
     at = _common_prefix_length(list(candidates.values()))
     logits = reply.feed(next(iter(candidates.values()))[:at])
@@ -95,7 +114,7 @@ def _force_function(reply: ReplyWriter, opening: str, names: list[str]) -> bool:
         at += 1
     name = next(name for name, ids in candidates.items() if len(ids) == at)
     reply.emit(opening + name + ">\n")
-    return True
+    return name
 
 
 def _common_prefix_length(sequences: list[list[int]]) -> int:

@@ -21,6 +21,7 @@ from .._lily import LilyError
 from ..prefix_cache import PrefixCache
 from .errors import APIError, log
 from .reply import ReplyWriter
+from .structured import StructuredOutput, write_structured
 from .thinking import ThinkingBudget, write_reply
 from .tool_choice import ForcedCall, write_forced_call
 
@@ -32,6 +33,7 @@ class Job:
     checkpoints: list[int] = field(default_factory=list)  # extra snapshot positions in the prompt
     forced: ForcedCall | None = None  # tool_choice makes the reply a call
     thinking: ThinkingBudget | None = None  # the reasoning block is closed after its tokens
+    structured: StructuredOutput | None = None  # response_format: the answer follows a grammar
     cancelled: bool = False
     _reply: ReplyWriter | None = field(default=None, init=False, repr=False)
 
@@ -208,17 +210,22 @@ class Worker:
         """Runs on the generation thread: prefill through the cache, decode, snapshot the reply."""
         try:
             t0 = time.perf_counter()
-            cached = self.cache.prefill(self.session, job.ids, job.checkpoints, lambda: job.cancelled)
+            # An answer constrained from its first token needs the logits after the prompt: the reply feeds its end.
+            held = 1 if job.structured is not None and not job.structured.in_reasoning else 0
+            prompt = job.ids[: len(job.ids) - held]
+            cached = self.cache.prefill(self.session, prompt, job.checkpoints, lambda: job.cancelled)
             prefill_seconds = time.perf_counter() - t0
             if job.cancelled:
                 self._finish(emit, Outcome("cancelled", len(job.ids), cached, 0, prefill_seconds, 0.0))
                 return
             emit(Prefilled(len(job.ids), cached))
             reply = job.start_reply(self.session, emit, self._eos_text, self.generate_options)
-            if job.forced is None:
-                finish_reason = write_reply(reply, job.thinking)
-            else:
+            if job.forced is not None:
                 finish_reason = write_forced_call(reply, job.forced, job.thinking)
+            elif job.structured is not None:
+                finish_reason = write_structured(reply, job.structured, job.thinking, job.ids[len(prompt):])
+            else:
+                finish_reason = write_reply(reply, job.thinking)
             if finish_reason != "cancelled":
                 self.cache.store(self.session)  # the reply: the next turn may continue from it
             self._finish(emit, Outcome(finish_reason, len(job.ids), cached, reply.tokens,
