@@ -17,6 +17,7 @@ RUNNERS = {
     "lily": "lily.bench.lily_runner:LilyRunner",
     "lily-mtp": "lily.bench.lily_runner:LilyMtpRunner",  # lily decoding speculatively with its MTP head
     "hf": "lily.bench.hf_runner:HfRunner",  # Hugging Face transformers, random init at the same dims
+    "llama.cpp": "lily.bench.llama_cpp_runner:LlamaCppRunner",  # libllama on a random Q4_0 GGUF of the same dims
 }
 PEERS = tuple(name for name in RUNNERS if name != "lily")
 
