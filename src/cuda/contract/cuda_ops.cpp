@@ -158,7 +158,7 @@ void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
   // The conv ring holds pre-conv rows by position mod kGdnRingRows: the carried state's 3 rows
   // sit just before the first token's position, chosen so that the positions wrap the ring.
   constexpr int R = cuda::kGdnRingRows, kFirst = R - 2;
-  std::vector<float> ring(R * C, 0.0f), neg_A(Hv), state(ns), conv_w(C * 4);
+  std::vector<float> ring(R * C, 0.0f), neg_A(Hv), state(ns);
   for (int j = 0; j < 3; ++j) std::copy_n(a.conv_state + j * C, C, ring.data() + ((kFirst - 3 + j) & (R - 1)) * C);
   for (int h = 0; h < Hv; ++h) neg_A[h] = -std::exp(a.A_log[h]);
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { state[dev] = a.state[ref]; });
@@ -201,9 +201,7 @@ void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
       conv_state_at(at + r, a.conv_rows + (t + r) * 3 * C);
     }
   }
-  std::vector<float> o(T * rows_out);
-  download(out, o.data(), o.size(), "gated_delta_step out");
-  std::copy(o.begin(), o.end(), a.out);
+  download(out, a.out, T * rows_out, "gated_delta_step out");
   download(*cur, state.data(), ns, "gated_delta_step state");
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
   download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
