@@ -171,11 +171,17 @@ def test_gguf_is_written_once_per_config_and_seed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
-def test_gguf_bytes_do_not_depend_on_the_thread_count(tmp_path):
+def test_gguf_written_in_many_chunks_by_many_threads(tmp_path, monkeypatch):
+    """Chunks of a few rows, as at 35B: the same bytes from 1 and 4 threads, and no row left
+    as the zeros the file was created with."""
+    monkeypatch.setattr(gguf_writer, "_CHUNK_BYTES", 1000)
     config = synthetic.tiny_config()
     gguf_writer.write_gguf(config, tmp_path / "a.gguf", seed=3, workers=1)
     gguf_writer.write_gguf(config, tmp_path / "b.gguf", seed=3, workers=4)
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    for t in gguf.GGUFReader(tmp_path / "a.gguf").tensors:
+        rows = t.data.reshape(int(np.prod(t.data.shape[:-1], dtype=np.int64)), -1)
+        assert (rows != 0).any(axis=1).all(), t.name
 
 
 def test_writer_refuses_what_llama_cpp_cannot_represent(tmp_path):
@@ -196,11 +202,13 @@ def test_tiny_sweep_with_llama_cpp_peer(tmp_path, monkeypatch):
         sweep.preflight("llama.cpp", "cpu")
     except sweep.SweepError as e:
         pytest.skip(f"llama.cpp peer unavailable: {e}")
-    monkeypatch.delenv("LILY_LLAMA_CPP_GGUF_DIR", raising=False)  # the GGUF goes into the sweep's directory
+    monkeypatch.delenv("LILY_LLAMA_CPP_GGUF_DIR", raising=False)
+    monkeypatch.setenv("LILY_CACHE", str(tmp_path / "cache"))  # the GGUF goes into lily's cache
+    out = tmp_path / "out"
     rc = main(["bench", "--synthetic", "tiny", "--device", "cpu", "--lengths", "16,32", "--decode-steps", "4",
-               "--compare", "llama.cpp", "--out", str(tmp_path)])
+               "--compare", "llama.cpp", "--out", str(out)])
     assert rc == 0
-    r = json.loads((tmp_path / "results.json").read_text())
+    r = json.loads((out / "results.json").read_text())
     arms = [a for a in r["arms"] if a["engine"] == "llama.cpp"]
     assert [a["length"] for a in arms] == [16, 32] and r["refusals"] == []
     for a in arms:
@@ -208,6 +216,7 @@ def test_tiny_sweep_with_llama_cpp_peer(tmp_path, monkeypatch):
         assert a["info"]["weights"] == "random Q4_0 (same dimensions)" and a["info"]["device"] == "cpu"
         assert a["info"]["n_ctx"] >= a["length"] + 5 and a["info"]["flash_attention"]
     assert sum(a["info"]["gguf_write_s"] is not None for a in arms) == 1  # written once, then read
-    assert [p.name for p in tmp_path.glob("*.gguf")] == [Path(arms[0]["info"]["gguf"]).name]
+    assert [p.name for p in (tmp_path / "cache" / "gguf").glob("*.gguf")] == [Path(arms[0]["info"]["gguf"]).name]
+    assert not list(out.rglob("*.gguf"))  # never in the results, which may be committed
     assert r["versions"]["llama.cpp"]["llama.cpp"]
-    assert "lily / llama.cpp" in (tmp_path / "results.md").read_text()
+    assert "lily / llama.cpp" in (out / "results.md").read_text()

@@ -7,8 +7,8 @@ measured on the H200), greedy sampling by llama.cpp's own sampler chain on the h
 
 The bindings come from an installed llama-cpp-python or an unpacked sdist on PYTHONPATH; the
 library from the package's lib/ or LLAMA_CPP_LIB_PATH (a llama.cpp build's bin/). The GGUF is
-written once per config and seed into the sweep's directory, or LILY_LLAMA_CPP_GGUF_DIR, and
-read by every arm.
+written once per config and seed into lily's cache (~/.cache/lily/gguf, LILY_CACHE) or
+LILY_LLAMA_CPP_GGUF_DIR, and read by every arm.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import hub
 from . import gguf_writer
 from .runners import RunOptions, Timing
 from .target import Target
@@ -43,7 +44,8 @@ class LlamaCppRunner:
         gpus = _gpu_names(lib)
         self.device = _resolve(device, gpus)
         text = target.text_config()
-        self.gguf = Path(os.environ.get("LILY_LLAMA_CPP_GGUF_DIR") or target.config_path.parent) / (
+        # Beside lily's other caches, never in a results directory (which may be committed).
+        self.gguf = Path(os.environ.get("LILY_LLAMA_CPP_GGUF_DIR") or hub.cache_dir() / "gguf") / (
             f"qwen35moe-random-{gguf_writer.digest(text, options.seed)[:16]}.gguf")
         start = time.perf_counter()
         written = gguf_writer.write_gguf(text, self.gguf, options.seed)
