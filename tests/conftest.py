@@ -29,3 +29,14 @@ def tiny_model(tiny_mlx_dir):
     import lily
 
     return lily.Model.load(str(tiny_mlx_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    """The official openai client against a live server of the module's `app` fixture (the
+    modules that speak to the server otherwise define their own `client`)."""
+    openai = pytest.importorskip("openai")
+    from test_server import live_server
+
+    with live_server(app) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)

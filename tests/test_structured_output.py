@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lily.tool_calls import parse_tool_call_block, render_tool_call
-from test_server import live_server, make_app, status_and_param, wait_idle
+from test_server import make_app, status_and_param, wait_idle
 
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("llguidance")
@@ -139,13 +139,6 @@ def test_llguidance_panics_are_request_errors():
 @pytest.fixture(scope="module")
 def app(tiny_model):
     return make_app(tiny_model, cache_bytes=64 << 20, max_tokens_limit=2000)
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    openai = pytest.importorskip("openai")
-    with live_server(app) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 def ask(client, content="Describe someone.", **kwargs):
@@ -317,7 +310,6 @@ def test_the_responses_api_takes_text_format(client):
     status, got, body = status_and_param(lambda: client.responses.create(
         model="tiny", input="Hi", text={"format": {**fmt, "schema": {"type": "colour"}}}))
     assert (status, got) == (400, "text.format.schema") and "text.format.schema" in body["message"], body
-
 
 
 def test_no_schema_gives_a_server_error(client):

@@ -13,7 +13,7 @@ import pytest
 from lily.model import GenerationResult
 from lily.tokenizer import Tokenizer
 from lily.tool_calls import AssistantStream, parse_forced_call_block
-from test_server import TOOLS, live_server, make_app
+from test_server import TOOLS, make_app
 
 TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}}}}
@@ -174,13 +174,6 @@ def test_required_picks_the_declared_name_the_model_prefers(tokenizer, steer):
 @pytest.fixture(scope="module")
 def app(tiny_model):
     return make_app(tiny_model, cache_bytes=64 << 20, max_tokens_limit=2000)
-
-
-@pytest.fixture(scope="module")
-def client(app):
-    openai = pytest.importorskip("openai")
-    with live_server(app) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 def ask(client, tool_choice, **kwargs):
