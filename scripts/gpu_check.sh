@@ -2,9 +2,10 @@
 # Build, test and benchmark the CUDA executor on a GPU machine in one go.
 #   scripts/gpu_check.sh OUT_DIR
 # Steps (LILY_GPU_STEPS, comma-separated; default all):
-#   kernels      kernel tests vs fp64 references, one process per suite (src/cuda/tests; LILY_GPU_SUITES
-#                names a subset, comma-separated)
-#   pytest       the GPU pytest files (CUDA vs CPU executor on small checkpoints)
+#   kernels      the C++ kernel suites (src/cuda/tests), one process per suite (LILY_GPU_SUITES names a
+#                subset, comma-separated)
+#   pytest       the GPU pytest files: every CUDA op and route against its reference (test_ops.py), the
+#                CUDA executor against the CPU's on small checkpoints, verify steps and the MTP head
 #   consistency  CUDA vs CPU executor at full 35B-A3B dimensions, both prefill routes, both
 #                random-weight styles; then 2,304 positions at 4 layers, conditioned weights
 #                (a chunk of >= 2,048 tokens: the dense GEMMs take their wgmma route)
@@ -64,8 +65,9 @@ declare -A VARIANTS=([LILY_PREFILL_GEMM=exact]=qmatmul_prefill [LILY_PREFILL_GDN
                      [LILY_PREFILL_ATTN=mma]="" [LILY_PREFILL_GEMM=bf16w]=qmatmul_prefill
                      [LILY_PREFILL_GEMM=wgmma]="wgmma qmatmul_prefill")
 declare -A RC
-suites_pass() {  # switches... : every kernel suite of each switch passed (always true when the kernels step is not run)
-  local v suite
+suites_pass() {  # switches... : every kernel suite of each switch passed (always true when the kernels step is not
+  local v suite  # run), and the pytest step, which runs every route's kernels through test_ops.py, when it ran
+  want pytest && [ "${RC[pytest]:-1}" != 0 ] && return 1
   want kernels || return 0
   for v in $1; do
     for suite in ${VARIANTS[$v]:-}; do [ "${RC[kernels_$suite]:-1}" = 0 ] || return 1; done
@@ -88,7 +90,8 @@ if want kernels && [ "$kt_build_rc" = 0 ]; then
   done
 fi
 if [ "$pip_rc" = 0 ]; then
-  want pytest && run_step pytest 240 pytest_cuda.log python3 -m pytest -q tests/test_cuda_executor.py
+  want pytest && run_step pytest 480 pytest_cuda.log python3 -m pytest -q tests/test_cuda_executor.py tests/test_ops.py \
+    tests/test_verify.py tests/test_mtp.py
   if want consistency; then
     run_step consistency 300 consistency.log python3 benchmarks/ops/consistency_35b.py --json "$OUT/consistency.json"
     run_step consistency_long 300 consistency_long.log python3 benchmarks/ops/consistency_35b.py --layers 4 \
@@ -141,7 +144,7 @@ if [ "$pip_rc" = 0 ]; then
   if want longctx; then  # prefill at 32K and 128K with each route (the attention's share grows with the context)
     : > "$OUT/longctx.log"
     for cfg in "" LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w "LILY_PREFILL_ATTN=mma LILY_PREFILL_GEMM=bf16w"; do
-      if ! suites_pass "$cfg"; then echo "longctx $cfg: a kernel suite failed, skipped"; continue; fi
+      if ! suites_pass "$cfg"; then echo "longctx $cfg: a kernel suite or the pytest step failed, skipped"; continue; fi
       echo "== prefill $cfg" >> "$OUT/longctx.log"
       timeout 150 env $cfg python3 benchmarks/ops/cuda_decode.py --contexts 32768,131072 --steps 4 2>&1 | grep '^{' >> "$OUT/longctx.log"
     done
@@ -150,7 +153,7 @@ if [ "$pip_rc" = 0 ]; then
   if want variants; then
     ok=""
     for v in "${!VARIANTS[@]}"; do  # a variant competes once its kernel suite and the GPU pytest pass with it on
-      if ! suites_pass "$v"; then echo "variant $v: a suite of '${VARIANTS[$v]}' failed, skipped"; continue; fi
+      if ! suites_pass "$v"; then echo "variant $v: a suite of '${VARIANTS[$v]}' or the pytest step failed, skipped"; continue; fi
       timeout 120 env $v python3 -m pytest -q -x tests/test_cuda_executor.py > "$OUT/pytest_$v.log" 2>&1
       prc=$?
       echo "variant $v: kernels rc=0, pytest rc=$prc ($(tail -1 "$OUT/pytest_$v.log"))"

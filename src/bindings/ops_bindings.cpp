@@ -248,8 +248,7 @@ void run_on(Backend b, const char* op, Cpu cpu, Cuda cuda, Metal metal) {
   };
   if (b == Backend::Cpu) go(cpu, "", "");
   else if (b == Backend::Cuda)
-    go(cuda, ": no CUDA kernel reachable yet (its kernels run inside the CUDA executor)",
-       ": this build has no CUDA executor");
+    go(cuda, ": no CUDA kernel for this op", ": this build has no CUDA executor");
   else go(metal, ": no Metal kernel yet, so no device 'metal-emulator'",
           ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
 }

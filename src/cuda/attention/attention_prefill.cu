@@ -250,7 +250,8 @@ bool use_wgmma(AttnRoute route, int D) {
   if (route == AttnRoute::ByHeadDim) return flash_wgmma_supports(D);
   if (route == AttnRoute::Mma) return false;
   if (!flash_wgmma_supports(D))
-    fail("LILY_PREFILL_ATTN=wgmma: the wgmma kernel takes head dim 256, got ", std::to_string(D));
+    fail("attention_prefill (wgmma route: LILY_PREFILL_ATTN=wgmma or the op route prefill_wgmma): ",
+         "the wgmma kernel takes head dim 256, got ", std::to_string(D));
   return true;
 }
 

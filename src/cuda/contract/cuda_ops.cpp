@@ -275,8 +275,10 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
     std::copy_n(a.k + t * kv, kv, p + 2 * Hq * D);
     std::copy_n(a.v + t * kv, kv, p + 2 * Hq * D + kv);
   }
-  // The cache rows before pos0 as bf16; the chunk's rows poisoned (0xffff: a bf16 NaN).
-  std::vector<uint16_t> kb(ctx * kv, 0xffff), vb(ctx * kv, 0xffff);
+  // The cache rows before pos0 as bf16; the chunk's rows and kSpareRows past it poisoned
+  // (0xffff: a bf16 NaN), so a write outside the chunk is seen after the launches.
+  constexpr int kSpareRows = 4;
+  std::vector<uint16_t> kb((ctx + kSpareRows) * kv, 0xffff), vb((ctx + kSpareRows) * kv, 0xffff);
   for (size_t i = 0; i < pos0 * kv; ++i) kb[i] = float_to_bf16(a.k_cache[i]), vb[i] = float_to_bf16(a.v_cache[i]);
   DeviceBuffer dproj = upload(proj.data(), proj.size(), "gated_attention projections");
   DeviceBuffer kc = upload(kb.data(), kb.size(), "gated_attention k cache");
@@ -327,6 +329,13 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
   std::copy(out.begin(), out.end(), a.out);
   download(kc, kb.data(), kb.size(), "gated_attention k cache");
   download(vc, vb.data(), vb.size(), "gated_attention v cache");
+  for (size_t i = 0; i < kb.size(); ++i) {
+    if (i >= pos0 * kv && i < ctx * kv) continue;  // the chunk's rows
+    const bool before = i < pos0 * kv;
+    if (kb[i] != (before ? float_to_bf16(a.k_cache[i]) : 0xffff) || vb[i] != (before ? float_to_bf16(a.v_cache[i]) : 0xffff))
+      fail("gated_attention (cuda): a kernel wrote cache row ", std::to_string(i / kv), " outside the chunk's rows [",
+           std::to_string(pos0), ", ", std::to_string(ctx), ")");
+  }
   for (size_t i = pos0 * kv; i < ctx * kv; ++i) a.k_cache[i] = bf16_to_float(kb[i]), a.v_cache[i] = bf16_to_float(vb[i]);
 }
 

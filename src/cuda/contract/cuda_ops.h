@@ -43,6 +43,7 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
 // its decode kernels, moe_router_decode, moe_gate_up_decode, moe_down_decode: Decode on
 // MLX-order weights a token a launch, DecodeTiles on tensor-core tiles up to 4 tokens a launch.
 // router_cluster caps the router's cluster (0: the executor's; smaller ones route the same bits).
+// y starts at zero, not NaN: down adds every token's experts into it, as into the residual.
 enum class MoeRoute { Decode, DecodeTiles };
 void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y, MoeRoute route,
                int router_cluster = 0);
