@@ -8,7 +8,9 @@
 # Each round runs every arm once, in reverse order every other round (benchmarks/ops/
 # cuda_decode.py at AB_CONTEXT, default 4096, AB_STEPS steps, default 128: ~35 s a run at
 # 35B-A3B), and prints "arm tok/s token-digest same-tokens-as-warm-up"; AB_ROUNDS rounds
-# (default 2); the JSON rows, with arm and round, go to OUT_DIR/ab_rows.jsonl. This tree is
+# (default 2); the JSON rows, with arm and round, go to OUT_DIR/ab_rows.jsonl. AB_BENCH=verify
+# runs benchmarks/ops/cuda_verify.py --steps-only instead (AB_STEPS steps of each T = 1..4)
+# and prints "arm plain-tok/s verify-ms-T1..T4". This tree is
 # built by scripts/gpu_check.sh, which also runs LILY_GPU_STEPS (default: none) with
 # LILY_GPU_SUITES; its summary is printed first.
 set -uo pipefail
@@ -41,14 +43,19 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
     [[ $arm == *=* ]] && IFS=, read -ra vars <<< "${arm#*=}"
     path=/tmp/lily
     [ "$name" = base ] && path=/tmp/ab_base
-    row=$(env PYTHONPATH=$path "${vars[@]}" timeout 150 python3 benchmarks/ops/cuda_decode.py \
-            --contexts "${AB_CONTEXT:-4096}" --steps "${AB_STEPS:-128}" 2>> "$OUT/ab_$name.log" | grep '^{')
+    bench=(benchmarks/ops/cuda_decode.py --contexts "${AB_CONTEXT:-4096}" --steps "${AB_STEPS:-128}")
+    [ "${AB_BENCH:-decode}" = verify ] &&
+      bench=(benchmarks/ops/cuda_verify.py --steps-only --context "${AB_CONTEXT:-4096}" --tokens "${AB_STEPS:-128}")
+    row=$(env PYTHONPATH=$path "${vars[@]}" timeout 150 python3 "${bench[@]}" 2>> "$OUT/ab_$name.log" | grep '^{')
     echo "$name $(python3 - "$row" "$name" "$round" "$OUT/ab_rows.jsonl" <<'PY' 2>/dev/null || echo failed
 import json, sys
 r = dict(json.loads(sys.argv[1]), arm=sys.argv[2], round=int(sys.argv[3]))
 with open(sys.argv[4], "a") as f:
     f.write(json.dumps(r) + "\n")
-print(round(r["decode_tok_s"], 1), r["token_digest"], r["same_tokens_as_warmup"])
+if "verify_ms" in r:
+    print(round(r["plain_decode_tok_s"], 1), " ".join(f"{v:.3f}" for v in r["verify_ms"].values()))
+else:
+    print(round(r["decode_tok_s"], 1), r["token_digest"], r["same_tokens_as_warmup"])
 PY
 )"
   done

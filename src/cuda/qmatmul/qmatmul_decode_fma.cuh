@@ -36,42 +36,61 @@ __device__ __forceinline__ float code_at(uint32_t w, uint32_t mask) {
   return __uint_as_float((w & mask) | 0x4B000000u) - 8388608.0f;
 }
 
-// sum(q * x') over one chunk; xv holds the chunk's staged x slots in order.
-__device__ __forceinline__ float chunk_dot4(const uint4& c, const float4 (&xv)[8]) {
-  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-  float acc = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 a = xv[2 * i], b = xv[2 * i + 1];
-    const uint32_t hi = w[i] >> 12;
-    acc = fmaf(code_at(w[i], 0xFu), a.x, acc);
-    acc = fmaf(code_at(w[i], 0xF0u), a.y, acc);
-    acc = fmaf(code_at(w[i], 0xF00u), a.z, acc);
-    acc = fmaf(code_at(w[i], 0xF000u), a.w, acc);
-    acc = fmaf(code_at(w[i], 0xF0000u), b.x, acc);
-    acc = fmaf(code_at(hi, 0xF00u), b.y, acc);
-    acc = fmaf(code_at(hi, 0xF000u), b.z, acc);
-    acc = fmaf(code_at(hi, 0xF0000u), b.w, acc);
-  }
-  return acc;
-}
-
-__device__ __forceinline__ float chunk_dot8(const uint4& c, const float4 (&xv)[4]) {
-  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-  float acc = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t hi = w[i] >> 16;
-    acc = fmaf(code_at(w[i], 0xFFu), xv[i].x, acc);
-    acc = fmaf(code_at(w[i], 0xFF00u), xv[i].y, acc);
-    acc = fmaf(code_at(hi, 0xFFu), xv[i].z, acc);
-    acc = fmaf(code_at(hi, 0xFF00u), xv[i].w, acc);
-  }
-  return acc;
-}
-
 template <int BITS>
 __host__ __device__ constexpr int slots_per_chunk() { return BITS == 4 ? 8 : 4; }
+
+// Calls f(k, q_k) for the codes of one chunk in column order, each as the exact float
+// q * 2^p (x is pre-scaled to match, see the file comment).
+template <int BITS, typename F>
+__device__ __forceinline__ void for_each_code(const uint4& c, F f) {
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (BITS == 4) {
+      const uint32_t hi = w[i] >> 12;
+      f(8 * i + 0, code_at(w[i], 0xFu));
+      f(8 * i + 1, code_at(w[i], 0xF0u));
+      f(8 * i + 2, code_at(w[i], 0xF00u));
+      f(8 * i + 3, code_at(w[i], 0xF000u));
+      f(8 * i + 4, code_at(w[i], 0xF0000u));
+      f(8 * i + 5, code_at(hi, 0xF00u));
+      f(8 * i + 6, code_at(hi, 0xF000u));
+      f(8 * i + 7, code_at(hi, 0xF0000u));
+    } else {
+      const uint32_t hi = w[i] >> 16;
+      f(4 * i + 0, code_at(w[i], 0xFFu));
+      f(4 * i + 1, code_at(w[i], 0xFF00u));
+      f(4 * i + 2, code_at(hi, 0xFFu));
+      f(4 * i + 3, code_at(hi, 0xFF00u));
+    }
+  }
+}
+
+__device__ __forceinline__ float component(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// sum(q * x') over one chunk as one fma chain in column order; xv holds its staged x
+// slots. Codes c are dequantised on the way; q are codes dequantised once (dequant_chunk)
+// for several x rows, giving each row the same chain.
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4& c, const float4 (&xv)[slots_per_chunk<BITS>()]) {
+  float acc = 0.0f;
+  for_each_code<BITS>(c, [&](int k, float q) { acc = fmaf(q, component(xv[k / 4], k % 4), acc); });
+  return acc;
+}
+template <int BITS>
+__device__ __forceinline__ void dequant_chunk(const uint4& c, float (&q)[cols_per_chunk<BITS>()]) {
+  for_each_code<BITS>(c, [&](int k, float v) { q[k] = v; });
+}
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const float (&q)[cols_per_chunk<BITS>()],
+                                          const float4 (&xv)[slots_per_chunk<BITS>()]) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < cols_per_chunk<BITS>(); ++k) acc = fmaf(q[k], component(xv[k / 4], k % 4), acc);
+  return acc;
+}
 
 // One x row staged for the fp32 dot (stage_x), in floats: xs [cols/4 float4] then xsum
 // [cols/cpc], rounded up to float4s. T rows lie this far apart, then the scratch floats.
@@ -87,14 +106,12 @@ __device__ __forceinline__ void load_x(const float4* xs, int u, float4 (&xv)[slo
   for (int i = 0; i < slots_per_chunk<BITS>(); ++i) xv[i] = xs[xs_pos(u * slots_per_chunk<BITS>() + i)];
 }
 
-// s * sum(q x) + b * sum(x) of one chunk: codes c, packed scale/bias sb, x slots xv, chunk sum xsum_u.
-template <int BITS>
-__device__ __forceinline__ float chunk_term(const uint4& c, uint32_t sb, const float4 (&xv)[slots_per_chunk<BITS>()],
+// s * sum(q x) + b * sum(x) of one chunk: codes q (a uint4 or dequant_chunk's floats),
+// packed scale/bias sb, x slots xv, chunk sum xsum_u.
+template <int BITS, typename Codes>
+__device__ __forceinline__ float chunk_term(const Codes& q, uint32_t sb, const float4 (&xv)[slots_per_chunk<BITS>()],
                                             float xsum_u) {
-  float d;
-  if constexpr (BITS == 4) d = chunk_dot4(c, xv);
-  else d = chunk_dot8(c, xv);
-  return fmaf(bf16_lo(sb), d, bf16_hi(sb) * xsum_u);
+  return fmaf(bf16_lo(sb), chunk_dot<BITS>(q, xv), bf16_hi(sb) * xsum_u);
 }
 
 // One warp's tile of W: R rows x U chunks per lane (chunks ub*32U + 32j + lane), held in
@@ -117,18 +134,35 @@ struct RowTile {
     }
   }
 
-  // acc[r] += this tile's part of row[r] . x (lane partial sums; reduce afterwards).
-  __device__ __forceinline__ void accumulate(int chunks, int ub, const float4* xs, const float* xsum, int lane,
-                                             float (&acc)[R]) const {
+  // acc[t][r] += this tile's part of row[r] . x_t (lane partial sums; reduce afterwards).
+  // Each chunk is dequantised once for all T x rows (staged xs_stride float4s / sum_stride
+  // floats apart); every row's fma chain is the one a T = 1 walk runs.
+  template <int T>
+  __device__ __forceinline__ void accumulate(int chunks, int ub, const float4* xs, int xs_stride, const float* xsum,
+                                             int sum_stride, int lane, float (&acc)[T][R]) const {
 #pragma unroll
     for (int j = 0; j < U; ++j) {
       const int u = ub * 32 * U + 32 * j + lane;
       if (u < chunks) {
-        float4 xv[slots_per_chunk<BITS>()];
-        load_x<BITS>(xs, u, xv);
-        const float xsu = xsum[u];
+        if constexpr (T == 1) {  // x loaded once for the R rows
+          float4 xv[slots_per_chunk<BITS>()];
+          load_x<BITS>(xs, u, xv);
+          const float xsu = xsum[u];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += chunk_term<BITS>(c[j][r], sb[j][r], xv, xsu);
+          for (int r = 0; r < R; ++r) acc[0][r] += chunk_term<BITS>(c[j][r], sb[j][r], xv, xsu);
+        } else {  // the codes held once for the T rows
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float q[cols_per_chunk<BITS>()];
+            dequant_chunk<BITS>(c[j][r], q);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+              float4 xv[slots_per_chunk<BITS>()];
+              load_x<BITS>(xs + t * xs_stride, u, xv);
+              acc[t][r] += chunk_term<BITS>(q, sb[j][r], xv, xsum[t * sum_stride + u]);
+            }
+          }
+        }
       }
     }
   }
@@ -180,8 +214,7 @@ struct RowWalk {
         rows_of(g2, row);
         next.load(W_of(g2), row, ub2, lane);
       }
-#pragma unroll
-      for (int t = 0; t < T; ++t) cur.accumulate(chunks, ub, xs + t * xs_stride, xsum + t * sum_stride, lane, acc[t]);
+      cur.template accumulate<T>(chunks, ub, xs, xs_stride, xsum, sum_stride, lane, acc);
       if (ub == steps - 1) {
 #pragma unroll
         for (int t = 0; t < T; ++t)
