@@ -12,16 +12,17 @@ constexpr int kMaxDk = 128;
 // k = 4i + t%4 (i < Dk/4): interleaved so the 4 owners of a column read different banks.
 // Its Dk/4 state values are float4 slots j at ((h*S + split) * Dk*C/4 + j*4C + t) * 4.
 // The S blocks of a head form a cluster: the gated norm's sum of squares over the head's
-// Dv outputs is exchanged through distributed shared memory. T tokens are stepped in
-// order with the state in registers (each exactly as a one-token launch), the state after
-// each but the last going to state_rows; their gated norms share one cluster exchange.
+// Dv outputs is exchanged through distributed shared memory. T tokens: the convs and q/k
+// norms of all T first (they do not depend on the state; one block reduction for the 2T
+// sums), then the T delta rules back to back with the state in registers, each exactly as
+// a one-token launch, the state after each but the last going to state_rows.
 template <int T>
 __global__ void __launch_bounds__(128) gated_delta_decode_kernel(GdnArgs a, const int* halt) {
   const int split = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
   const int C = a.Dv / kGdnSplit, nk = a.Dk / 4;
   const int kh = h / (a.Hv / a.Hk);
   const int conv_dim = 2 * a.Hk * a.Dk + a.Hv * a.Dv, proj_rows = conv_dim + a.Hv * a.Dv + 2 * a.Hv;
-  __shared__ float qs[kMaxDk], ks[kMaxDk], vs[kMaxDk / kGdnSplit * 4], red[32 * (T > 2 ? T : 2)], head_ss[T][kGdnSplit];
+  __shared__ float qs[T][kMaxDk], ks[T][kMaxDk], vs[T][kMaxDk / kGdnSplit * 4], red[32 * 2 * T], head_ss[T][kGdnSplit];
 
   // Only the input projection (proj) comes from the kernel launched just before this one;
   // pos, the conv ring and the state were last written a step ago (gated_delta_decode.h), so they
@@ -61,40 +62,44 @@ __global__ void __launch_bounds__(128) gated_delta_decode_kernel(GdnArgs a, cons
   if (wait_halted(halt)) return;  // uniform: no block is left waiting at a barrier
   cluster_arrive();
   const bool owner = split == 0 && h % (a.Hv / a.Hk) == 0;
-  float o[T], z[T], part[T];
+  float z[T], beta_in[T], decay_in[T], qk_ss[2 * T];  // qk_ss: token r's sums of q^2, k^2 at 2r, 2r + 1
 #pragma unroll
   for (int r = 0; r < T; ++r) {
     const float* proj = a.proj + static_cast<size_t>(r) * proj_rows;
     const int rc = (pos + r) & (kGdnRingRows - 1);  // the ring row of this token's position
-    // The gate inputs z, beta and a first: their loads overlap the conv and the reductions.
     z[r] = proj[conv_dim + v_idx];
-    const float beta_in = proj[conv_dim + a.Hv * a.Dv + h], decay_in = proj[conv_dim + a.Hv * a.Dv + a.Hv + h];
+    beta_in[r] = proj[conv_dim + a.Hv * a.Dv + h];
+    decay_in[r] = proj[conv_dim + a.Hv * a.Dv + a.Hv + h];
     auto conv = [&](ConvWindow& c, int ch, bool write) {
       const float x = proj[ch];
       if (write) a.ring[rc * conv_dim + ch] = x;
       return c.step(x);
     };
-    float sq = 0.0f, sk = 0.0f;
+    qk_ss[2 * r] = qk_ss[2 * r + 1] = 0.0f;
     if (t < a.Dk) {
       const float q = conv(tq, kh * a.Dk + t, owner), k = conv(tk, a.Hk * a.Dk + kh * a.Dk + t, owner);
-      qs[t] = q;
-      ks[t] = k;
-      sq = q * q;
-      sk = k * k;
+      qs[r][t] = q;
+      ks[r][t] = k;
+      qk_ss[2 * r] = q * q;
+      qk_ss[2 * r + 1] = k * k;
     }
-    if (t < C) vs[t] = conv(tv, 2 * a.Hk * a.Dk + h * a.Dv + split * C + t, true);
-    float qk_ss[2] = {sq, sk};
-    block_sums(qk_ss, red);
-    if (r == 0) timeline_mark(0);  // conv and the q/k sums of squares done
-    const float beta = sigmoidf_(beta_in), decay = gated_delta_decay(decay_in, dt_bias, neg_A);
-    o[r] = delta_rule(s, nk, kq, qs, ks, qk_ss[0], qk_ss[1], a.Dk, decay, beta, active ? vs[col] : 0.0f, active);
+    if (t < C) vs[r][t] = conv(tv, 2 * a.Hk * a.Dk + h * a.Dv + split * C + t, true);
+  }
+  block_sums(qk_ss, red);  // its barriers also publish qs, ks and vs
+  timeline_mark(0);  // convs and the q/k sums of squares done
+
+  float o[T], part[T];
+#pragma unroll
+  for (int r = 0; r < T; ++r) {
+    const float beta = sigmoidf_(beta_in[r]), decay = gated_delta_decay(decay_in[r], dt_bias, neg_A);
+    o[r] = delta_rule(s, nk, kq, qs[r], ks[r], qk_ss[2 * r], qk_ss[2 * r + 1], a.Dk, decay, beta,
+                      active ? vs[r][col] : 0.0f, active);
     float* sout = r == T - 1 ? a.state_out : a.state_rows + r * state_floats;
     float4* sout4 = reinterpret_cast<float4*>(sout) + base;
 #pragma unroll
     for (int j = 0; j < kMaxDk / 16; ++j)
       if (active && j < nk / 4) sout4[j * 4 * C + t] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
     part[r] = active && kq == 0 ? o[r] * o[r] : 0.0f;
-    if (r + 1 < T) __syncthreads();  // qs, ks and vs are rewritten by the next token
   }
   timeline_mark(1);  // the recurrence done
 
