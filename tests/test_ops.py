@@ -462,6 +462,80 @@ def test_gated_delta_step_refuses_bad_shapes(rng):
         ops.gated_delta_step(**{**x, "conv_state": x["conv_state"][:2]})
 
 
+def with_decays_of_every_kind(x):
+    """Value heads cycling through fast decays, slow ones (near 1, a long memory) and ones of exactly
+    zero (-exp(A_log) = -1e4: the state is forgotten every token)."""
+    Hv = x["A_log"].shape[0]
+    neg_A = [-1e4 if h % 4 == 3 else -0.01 * (1 + h / Hv) if h % 2 else -(1 + 15 * h / Hv) for h in range(Hv)]
+    return {**x, "A_log": np.log(-np.array(neg_A)).astype(np.float32)}
+
+
+GATED_DELTA_STEP_ALL_ROUTES = GATED_DELTA_STEP_ROUTES + [pytest.param("cuda", r, marks=cuda_only)
+                                                         for r in ("prefill_scan", "prefill_chunked")]
+
+
+def check_gated_delta_step(got, want, device, route):
+    """out within the route's bound (CUDA's prefill routes give bf16), the state within the
+    recurrence's (it stays fp32 there), the conv state exact (it is the last pre-conv rows)."""
+    out, conv_state, state = got[:3]
+    prefill = route.startswith("prefill")
+    bound = tol("gated_delta_step", device, route if prefill else "")
+    state_bound = tol("gated_delta", device, route.removeprefix("prefill_")) if prefill else bound
+    assert row_err(out, want[0]) < bound, f"out: relative error {row_err(out, want[0]):.3g} against {bound:g}"
+    assert rel_err(state, want[2]) < state_bound, f"state: relative error {rel_err(state, want[2]):.3g}"
+    np.testing.assert_array_equal(conv_state, want[1])
+
+
+@pytest.mark.parametrize("device,route", GATED_DELTA_STEP_ALL_ROUTES)
+@pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(2, 4, 32, 32), (16, 32, 128, 128)])
+def test_gated_delta_step_decays_of_every_kind(rng, device, route, Hk, Hv, Dk, Dv):
+    x = with_decays_of_every_kind(gated_delta_step_inputs(rng, 130, Hk, Hv, Dk, Dv))
+    check_gated_delta_step(ops.gated_delta_step(**x, device=device, route=route), ref.gated_delta_step(**x), device, route)
+
+
+# CUDA's prefill kernels over whole chunks: lengths around their tiles (32-token runs, 64-token
+# chunks), Dk 48 (3 keys a lane) and Dv 80 (16-column blocks) beside the model's heads.
+@cuda_only
+@pytest.mark.parametrize("route", ["prefill_scan", "prefill_chunked"])
+@pytest.mark.parametrize("T", [1, 2, 5, 64, 65, 257])
+@pytest.mark.parametrize("Hk,Hv,Dk,Dv", [(2, 4, 32, 32), (2, 4, 128, 128), (16, 32, 128, 128), (1, 3, 48, 80)])
+def test_gated_delta_step_cuda_prefill(rng, route, T, Hk, Hv, Dk, Dv):
+    x = with_decays_of_every_kind(gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv))
+    check_gated_delta_step(ops.gated_delta_step(**x, device="cuda", route=route), ref.gated_delta_step(**x), "cuda", route)
+
+
+@cuda_only
+@pytest.mark.parametrize("route", ["prefill_scan", "prefill_chunked"])
+@pytest.mark.parametrize("chunks", [(100, 3, 61), (2048,)])
+def test_gated_delta_step_cuda_prefill_in_chunks_then_decode(rng, route, chunks):
+    """Prompt chunks continue from the conv state and state of the one before, and decode steps
+    (a token a launch, then verify steps of 4) continue from the last chunk."""
+    steps = [("decode", 3), ("decode_rows", 6)]
+    T = sum(chunks) + sum(n for _, n in steps)
+    x = with_decays_of_every_kind(gated_delta_step_inputs(rng, T, 16, 32, 128, 128))
+    conv_state, state, outs, t = x["conv_state"], x["state"], [], 0
+    for r, n in [(route, c) for c in chunks] + steps:
+        part = {**x, "conv_state": conv_state, "state": state, **{k: x[k][t:t + n] for k in ("mixed", "z", "b", "a")}}
+        o, conv_state, state, _, _ = ops.gated_delta_step(**part, device="cuda", route=r)
+        outs.append(o)
+        t += n
+    out_ref, conv_ref, state_ref = ref.gated_delta_step(**x)
+    prompt, recurrence = sum(chunks), tol("gated_delta", "cuda", route.removeprefix("prefill_"))
+    assert row_err(np.concatenate(outs[:len(chunks)]), out_ref[:prompt]) < tol("gated_delta_step", "cuda", route)
+    assert row_err(np.concatenate(outs[len(chunks):]), out_ref[prompt:]) < recurrence
+    assert rel_err(state, state_ref) < recurrence
+    np.testing.assert_array_equal(conv_state, conv_ref)
+
+
+@cuda_only
+def test_gated_delta_step_cuda_prefill_refuses(rng):
+    x = gated_delta_step_inputs(rng, 3, 2, 4, 32, 32)
+    with pytest.raises(Exception, match=r"gated_delta_step: the prefill kernels keep no state per token"):
+        ops.gated_delta_step(**x, keep_rows=True, device="cuda", route="prefill_scan")
+    with pytest.raises(Exception, match=r"gated_delta_conv_prefill: head dims must be multiples of 16 up to 128"):
+        ops.gated_delta_step(**gated_delta_step_inputs(rng, 3, 2, 4, 32, 20), device="cuda", route="prefill_chunked")
+
+
 # ---- attention --------------------------------------------------------------------------------
 
 
@@ -771,6 +845,23 @@ def test_moe_block_cuda(rng, route, T, H, E, k, I, Is):
         return
     err = row_err(ops.moe_block(x, w, k, norm, device="cuda", route=route), ref.moe_block(x, w, k, norm))
     assert err < MOE_BLOCK_CUDA_TOL[route], f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("device,route", [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
+                                          pytest.param("cuda", "decode_tiles", marks=cuda_only)])
+@pytest.mark.parametrize("T", [1, 4, 7])
+def test_moe_block_as_a_layer_runs_it(rng, device, route, T):
+    """The decode step's form: x normalised in the kernels' staging (the post-attention norm)
+    and the block added into the residual stream x (not zero: down adds to what is there)."""
+    H, E, k, I, Is = 256, 16, 4, 64, 128
+    w = moe_decode_weights(rng, H, E, I, Is) if device == "cuda" else moe_weights(rng, H, E, I, Is)
+    x = randn(rng, T, H, scale=2.0)
+    norm = randn(rng, H) * 0.1 + 1
+    got = ops.moe_block(x, w, k, True, device=device, route=route, norm=norm, eps=1e-6, residual=True)
+    block = ref.moe_block(ref.rmsnorm(x, norm, 1e-6), w, k, True)
+    bound = MOE_BLOCK_CUDA_TOL[route] if device == "cuda" else 2e-6
+    assert row_err(got - x, block) < 2 * bound, "the block in the sum"  # less x in fp32: the sum's rounding too
+    assert row_err(got, (x.astype(np.float64) + block).astype(np.float32)) < bound, "the residual sum"
 
 
 @cuda_only

@@ -8,6 +8,7 @@
 // codes [N, K*bits/32] or [E, N, K*bits/32]. Ops with state take it as an argument and
 // return the updated copy; inputs are never written.
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <mutex>
 #include <thread>
@@ -397,9 +399,10 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
   need(dt_bias, {Hv}, op, "dt_bias");
   need(norm, {Dv}, op, "norm");
   const Backend be = backend_of(device, op);
-  if (!(route.empty() || (be == Backend::Cuda && (route == "decode" || route == "decode_rows"))))
-    fail(op, ": route '", route, "' is not one of ", be == Backend::Cuda ? "'', 'decode', 'decode_rows'" : "'' (",
-         device, ")");
+  const bool prefill = route == "prefill_scan" || route == "prefill_chunked";
+  if (!(route.empty() || (be == Backend::Cuda && (route == "decode" || route == "decode_rows" || prefill))))
+    fail(op, ": route '", route, "' is not one of ",
+         be == Backend::Cuda ? "'', 'decode', 'decode_rows', 'prefill_scan', 'prefill_chunked'" : "'' (", device, ")");
   auto [o, op_out] = new_array<float>(shape_of(z));
   auto [cs, csp] = new_array<float>(shape_of(conv_state));
   auto [st, stp] = new_array<float>(shape_of(state));
@@ -411,7 +414,9 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
   const ops::GatedDeltaStep args{mixed.data(), z.data(), b.data(), a.data(), conv_w.data(), A_log.data(),
                                  dt_bias.data(), norm.data(), T, Hk, Hv, Dk, Dv, Kc, eps, csp, stp, op_out,
                                  keep_rows ? crp : nullptr, keep_rows ? srp : nullptr};
-  run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(cuda_ops::gated_delta_step(args, route == "decode" ? 1 : 4)), nullptr);
+  run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(prefill ? cuda_ops::gated_delta_step_prefill(args, route == "prefill_chunked")
+                                      : cuda_ops::gated_delta_step(args, route == "decode" ? 1 : 4)),
+         nullptr);
   return {o, cs, st, cr, sr};
 }
 
@@ -507,7 +512,8 @@ Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle d
 }
 
 Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_topk_prob, const std::string& device,
-                     const std::string& route, int router_cluster) {
+                     const std::string& route, int router_cluster, std::optional<In<float>> norm, float eps,
+                     bool residual) {
   const char* op = "moe_block";
   PyMatrices m;
   const MoeWeights w = moe_weights_from(weights, m, op);
@@ -520,14 +526,20 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
          device, ")");
   if (router_cluster && b != Backend::Cuda) fail(op, ": router_cluster sizes CUDA's router");
   if (router_cluster < 0) fail(op, ": router_cluster must be >= 0 (0: the executor's)");
-  const int64_t T = x.shape(0);
+  if (norm) need(*norm, {c.hidden_size}, op, "norm [H]");
+  const int64_t T = x.shape(0), H = c.hidden_size;
+  const float* norm_w = norm ? norm->data() : nullptr;
   auto [y, yp] = new_array<float>(shape_of(x));
   run_on(b, op, [&] {
+    std::vector<float> xn(norm_w ? T * H : 0);  // the sublayer: y = (x +) moe(rmsnorm(x))
+    if (norm_w) cpu::rmsnorm({x.data(), T, H, norm_w, eps, xn.data()});
     cpu::MoeBuffers buf;
-    cpu::moe_block(w, c, x.data(), T, buf, yp);
+    cpu::moe_block(w, c, norm_w ? xn.data() : x.data(), T, buf, yp);
+    if (residual)
+      for (int64_t i = 0; i < T * H; ++i) yp[i] += x.data()[i];
   }, LILY_ON_CUDA(cuda_ops::moe_block(w, static_cast<int>(top_k), norm_topk_prob, x.data(), T, yp,
                                       route == "decode" ? cuda_ops::MoeRoute::Decode : cuda_ops::MoeRoute::DecodeTiles,
-                                      router_cluster)), nullptr);
+                                      router_cluster, {norm_w, eps, residual})), nullptr);
   return y;
 }
 
@@ -682,7 +694,8 @@ void register_ops(nb::module_& m) {
           "(out [T, Hv, Dv], conv_state, state, conv_rows, state_rows) of the Gated DeltaNet mixer between its\n"
           "projections: conv + SiLU, l2-normed q/k, gates, delta rule, gated RMSNorm; with keep_rows the states\n"
           "after each token but the last (a verify step's), else empty rows; on cuda route 'decode' (a launch a\n"
-          "token) or 'decode_rows' (4 tokens a launch, as verify steps; the default)");
+          "token), 'decode_rows' (4 tokens a launch, as verify steps; the default), or the prefill's kernels over\n"
+          "the chunk, 'prefill_scan' or 'prefill_chunked' (bf16 out, no keep_rows)");
   ops.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           nb::arg("device") = "cpu",
           "causal GQA of q [T, Hq, D] over k, v [L, Hkv, D]; the queries are the last T positions");
@@ -700,10 +713,12 @@ void register_ops(nb::module_& m) {
           "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
           nb::arg("device") = "cpu", nb::arg("route") = "", nb::arg("router_cluster") = 0,
+          nb::arg("norm") = nb::none(), nb::arg("eps") = 1e-6f, nb::arg("residual") = false,
           "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj,\n"
           "shared_up_proj, shared_down_proj, shared_expert_gate; on cuda route 'decode' (MLX-order weights, a\n"
           "token a launch) or 'decode_tiles' (tensor-core tiles, 4 tokens a launch; the default), router_cluster\n"
-          "capping the router's cluster (0: the executor's)");
+          "capping the router's cluster (0: the executor's). As a layer runs it: norm [H] normalises x first\n"
+          "(rmsnorm with eps) and residual adds x to the result");
   ops.def("gated_delta_mixer", &gated_delta_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
           nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
           nb::arg("value_head_dim"), nb::arg("eps"),

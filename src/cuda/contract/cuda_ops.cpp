@@ -11,7 +11,9 @@
 #include "common/cuda_check.h"
 #include "common/device_buffer.h"
 #include "gated_delta/gated_delta_chunked_prefill.h"
+#include "gated_delta/gated_delta_conv_prefill.h"
 #include "gated_delta/gated_delta_decode.h"
+#include "gated_delta/gated_delta_scan_prefill.h"
 #include "gated_delta/gated_rmsnorm_prefill.h"
 #include "moe/moe_experts_decode.h"
 #include "moe/moe_router_decode.h"
@@ -137,53 +139,69 @@ void gated_delta(const ops::GatedDelta& a, bool chunked) {
   for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
 }
 
+// gated_delta_step's inputs as its kernels take them: a projection row per token,
+// [C (q | k | v) | Hv Dv (z) | Hv (b) | Hv (a)] at stride ldp (any padding NaN: never read);
+// the conv ring, which holds pre-conv rows by position mod kGdnRingRows, with the carried
+// state's 3 rows just before the first token's position kFirst (so the positions wrap the
+// ring); -exp(A_log); the state in the kernels' layout.
+struct StepInputs {
+  static constexpr int R = cuda::kGdnRingRows, kFirst = R - 2;
+  static size_t row_of(const ops::GatedDeltaStep& a) { return 2 * a.Hk * a.Dk + 2 * a.Hv * a.Dv + 2 * a.Hv; }
+  size_t C, vd, row, ldp, ns;
+  std::vector<float> ring, state;
+  DeviceBuffer proj, dring, conv_w, norm, dt_bias, neg_A;
+
+  StepInputs(const ops::GatedDeltaStep& a, size_t ldp_)
+      : C(2 * a.Hk * a.Dk + a.Hv * a.Dv), vd(a.Hv * a.Dv), row(C + vd + 2 * a.Hv), ldp(ldp_), ns(vd * a.Dk),
+        ring(R * C, 0.0f), state(ns) {
+    const int Hv = static_cast<int>(a.Hv);
+    std::vector<float> p(a.T * ldp, NAN), nA(Hv);
+    for (int64_t t = 0; t < a.T; ++t) {
+      float* r = p.data() + t * ldp;
+      std::copy_n(a.mixed + t * C, C, r);
+      std::copy_n(a.z + t * vd, vd, r + C);
+      std::copy_n(a.b + t * Hv, Hv, r + C + vd);
+      std::copy_n(a.a + t * Hv, Hv, r + C + vd + Hv);
+    }
+    for (int j = 0; j < 3; ++j) std::copy_n(a.conv_state + j * C, C, ring.data() + ((kFirst - 3 + j) & (R - 1)) * C);
+    for (int h = 0; h < Hv; ++h) nA[h] = -std::exp(a.A_log[h]);
+    for_state(Hv, static_cast<int>(a.Dk), static_cast<int>(a.Dv), [&](size_t ref, size_t dev) { state[dev] = a.state[ref]; });
+    proj = upload(p.data(), p.size(), "gated_delta_step projections");
+    dring = upload(ring.data(), ring.size(), "gated_delta_step conv ring");
+    conv_w = upload(a.conv_w, C * 4, "gated_delta_step conv_w");
+    norm = upload(a.norm, a.Dv, "gated_delta_step norm");
+    dt_bias = upload(a.dt_bias, Hv, "gated_delta_step dt_bias");
+    neg_A = upload(nA.data(), Hv, "gated_delta_step A");
+  }
+  // The conv state after the token at position p: the ring's rows of positions p - 2 .. p
+  // (the host copy, downloaded first).
+  void conv_state_at(int p, float* dst) const {
+    for (int j = 0; j < 3; ++j) std::copy_n(ring.data() + ((p - 2 + j) & (R - 1)) * C, C, dst + j * C);
+  }
+  void download_ring() { download(dring, ring.data(), ring.size(), "gated_delta_step conv ring"); }
+};
+
 void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
-  const int T = static_cast<int>(a.T), Hk = static_cast<int>(a.Hk), Hv = static_cast<int>(a.Hv);
-  const int Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
+  const int T = static_cast<int>(a.T), Hv = static_cast<int>(a.Hv), Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
   need(a.Kc == 4, "gated_delta_step", "the decode kernel's conv has 4 taps");
   need(rows_per_launch >= 1 && rows_per_launch <= cuda::kMaxStepRows, "gated_delta_step", "1 to 4 rows a launch");
   if (T == 0) return;
-  const size_t kd = static_cast<size_t>(Hk) * Dk, vd = static_cast<size_t>(Hv) * Dv, C = 2 * kd + vd;
-  const size_t ns = vd * Dk, rows_out = static_cast<size_t>(Hv) * Dv;
-  // The kernel's projection rows: per token [C (q | k | v) | Hv Dv (z) | Hv (b) | Hv (a)].
-  const size_t row = C + vd + 2 * Hv;
-  std::vector<float> proj(T * row);
-  for (int t = 0; t < T; ++t) {
-    float* p = proj.data() + t * row;
-    std::copy_n(a.mixed + t * C, C, p);
-    std::copy_n(a.z + t * vd, vd, p + C);
-    std::copy_n(a.b + t * Hv, Hv, p + C + vd);
-    std::copy_n(a.a + t * Hv, Hv, p + C + vd + Hv);
-  }
-  // The conv ring holds pre-conv rows by position mod kGdnRingRows: the carried state's 3 rows
-  // sit just before the first token's position, chosen so that the positions wrap the ring.
-  constexpr int R = cuda::kGdnRingRows, kFirst = R - 2;
-  std::vector<float> ring(R * C, 0.0f), neg_A(Hv), state(ns);
-  for (int j = 0; j < 3; ++j) std::copy_n(a.conv_state + j * C, C, ring.data() + ((kFirst - 3 + j) & (R - 1)) * C);
-  for (int h = 0; h < Hv; ++h) neg_A[h] = -std::exp(a.A_log[h]);
-  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { state[dev] = a.state[ref]; });
-  DeviceBuffer dproj = upload(proj.data(), proj.size(), "gated_delta_step projections");
-  DeviceBuffer dring = upload(ring.data(), ring.size(), "gated_delta_step conv ring");
-  DeviceBuffer dconv = upload(a.conv_w, C * 4, "gated_delta_step conv_w"), dnorm = upload(a.norm, Dv, "gated_delta_step norm");
-  DeviceBuffer dbias = upload(a.dt_bias, Hv, "gated_delta_step dt_bias"), dA = upload(neg_A.data(), Hv, "gated_delta_step A");
-  DeviceBuffer s0 = upload(state.data(), ns, "gated_delta_step state"), s1 = poisoned<float>(ns, "gated_delta_step state");
+  StepInputs in(a, StepInputs::row_of(a));  // gated_delta_decode takes consecutive rows
+  const size_t ns = in.ns, rows_out = in.vd;
+  DeviceBuffer s0 = upload(in.state.data(), ns, "gated_delta_step state"), s1 = poisoned<float>(ns, "gated_delta_step state");
   DeviceBuffer srows = poisoned<float>((cuda::kMaxStepRows - 1) * ns, "gated_delta_step state rows");
   DeviceBuffer out = poisoned<float>(T * rows_out, "gated_delta_step out"), pos(sizeof(int), "gated_delta_step pos");
   cuda::GdnArgs g;
-  g.norm_w = dnorm.as<float>(), g.conv_w = dconv.as<float>(), g.ring = dring.as<float>();
-  g.dt_bias = dbias.as<float>(), g.neg_A = dA.as<float>(), g.state_rows = srows.as<float>(), g.pos = pos.as<int>();
-  g.Hk = Hk, g.Hv = Hv, g.Dk = Dk, g.Dv = Dv, g.eps = a.eps;
-  // The conv state after the token at position p: the ring's rows of positions p - 2 .. p.
-  auto conv_state_at = [&](int p, float* dst) {
-    for (int j = 0; j < 3; ++j) std::copy_n(ring.data() + ((p - 2 + j) & (R - 1)) * C, C, dst + j * C);
-  };
+  g.norm_w = in.norm.as<float>(), g.conv_w = in.conv_w.as<float>(), g.ring = in.dring.as<float>();
+  g.dt_bias = in.dt_bias.as<float>(), g.neg_A = in.neg_A.as<float>(), g.state_rows = srows.as<float>(), g.pos = pos.as<int>();
+  g.Hk = static_cast<int>(a.Hk), g.Hv = Hv, g.Dk = Dk, g.Dv = Dv, g.eps = a.eps;
   DeviceBuffer* cur = &s0;
   DeviceBuffer* next = &s1;
   std::vector<float> kept(cuda::kMaxStepRows * ns);  // a launch's states after each of its tokens
   for (int t = 0; t < T; t += rows_per_launch) {
-    const int rows = std::min(rows_per_launch, T - t), at = kFirst + t;
+    const int rows = std::min(rows_per_launch, T - t), at = StepInputs::kFirst + t;
     check(cudaMemcpy(pos.as<int>(), &at, sizeof(int), cudaMemcpyHostToDevice), "gated_delta_step pos");
-    g.proj = dproj.as<float>() + t * row;
+    g.proj = in.proj.as<float>() + t * in.row;
     g.out = out.as<float>() + t * rows_out;
     g.state_in = cur->as<float>();
     g.state_out = next->as<float>();
@@ -191,21 +209,84 @@ void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
     std::swap(cur, next);
     if (!a.state_rows) continue;
     // The states after tokens t .. t + rows - 2 (state_rows), then after t + rows - 1 (state_out).
-    download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
+    in.download_ring();
     download(srows, kept.data(), (rows - 1) * ns, "gated_delta_step state rows");
     if (t + rows < T) download(*cur, kept.data() + (rows - 1) * ns, ns, "gated_delta_step state");
     for (int r = 0; r < rows && t + r + 1 < T; ++r) {
       const float* src = kept.data() + r * ns;
       float* dst = a.state_rows + (t + r) * ns;
       for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { dst[ref] = src[dev]; });
-      conv_state_at(at + r, a.conv_rows + (t + r) * 3 * C);
+      in.conv_state_at(at + r, a.conv_rows + (t + r) * 3 * in.C);
     }
   }
   download(out, a.out, T * rows_out, "gated_delta_step out");
-  download(*cur, state.data(), ns, "gated_delta_step state");
-  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = state[dev]; });
-  download(dring, ring.data(), ring.size(), "gated_delta_step conv ring");
-  conv_state_at(kFirst + T - 1, a.conv_state);
+  download(*cur, in.state.data(), ns, "gated_delta_step state");
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = in.state[dev]; });
+  in.download_ring();
+  in.conv_state_at(StepInputs::kFirst + T - 1, a.conv_state);
+}
+
+// True when the n values of d from value `from` on are still the poison (every byte 0xff).
+template <typename T>
+bool still_poisoned(const DeviceBuffer& d, size_t from, size_t n) {
+  std::vector<T> h(n);
+  check(cudaMemcpy(h.data(), d.as<T>() + from, n * sizeof(T), cudaMemcpyDeviceToHost), "poison check");
+  const auto* b = reinterpret_cast<const unsigned char*>(h.data());
+  return std::all_of(b, b + n * sizeof(T), [](unsigned char c) { return c == 0xff; });
+}
+
+void gated_delta_step_prefill(const ops::GatedDeltaStep& a, bool chunked) {
+  const int T = static_cast<int>(a.T), Hk = static_cast<int>(a.Hk), Hv = static_cast<int>(a.Hv);
+  const int Dk = static_cast<int>(a.Dk), Dv = static_cast<int>(a.Dv);
+  need(a.Kc == 4, "gated_delta_step", "the prefill kernels' conv has 4 taps");
+  need(!a.state_rows, "gated_delta_step", "the prefill kernels keep no state per token (keep_rows is the decode routes')");
+  if (T == 0) return;
+  // Rows padded past the projection (the executor's stride may be wider than a row).
+  StepInputs in(a, (StepInputs::row_of(a) + 4 + 3) / 4 * 4);
+  const size_t kd = static_cast<size_t>(Hk) * Dk, vd = in.vd, ns = in.ns;
+  // One row past T of every output stays poisoned: a kernel writes the chunk's rows, no more.
+  DeviceBuffer q = poisoned<float>((T + 1) * kd, "gated_delta_step q"), k = poisoned<float>((T + 1) * kd, "gated_delta_step k");
+  DeviceBuffer v = poisoned<float>((T + 1) * vd, "gated_delta_step v"), o = poisoned<float>((T + 1) * vd, "gated_delta_step o");
+  DeviceBuffer beta = poisoned<float>((T + 1) * Hv, "gated_delta_step beta");
+  DeviceBuffer decay = poisoned<float>((T + 1) * Hv, "gated_delta_step decay");
+  DeviceBuffer out = poisoned<uint16_t>((T + 1) * vd, "gated_delta_step out");
+  DeviceBuffer s = upload(in.state.data(), ns, "gated_delta_step state");
+  cuda::GdnConvPrefillArgs c;
+  c.proj = in.proj.as<float>(), c.ldp = static_cast<int>(in.ldp), c.conv_w = in.conv_w.as<float>();
+  c.ring = in.dring.as<float>(), c.dt_bias = in.dt_bias.as<float>(), c.neg_A = in.neg_A.as<float>();
+  c.q = q.as<float>(), c.k = k.as<float>(), c.v = v.as<float>(), c.beta = beta.as<float>(), c.decay = decay.as<float>();
+  c.T = T, c.pos0 = StepInputs::kFirst, c.Hk = Hk, c.Hv = Hv, c.Dk = Dk, c.Dv = Dv;
+  cuda::gated_delta_conv_prefill(c, nullptr);
+  cuda::GdnChunkedPrefillArgs g;
+  g.q = q.as<float>(), g.k = k.as<float>(), g.v = v.as<float>(), g.beta = beta.as<float>(), g.decay = decay.as<float>();
+  g.state = s.as<float>(), g.o = o.as<float>();
+  g.T = T, g.Hk = Hk, g.Hv = Hv, g.Dk = Dk, g.Dv = Dv;
+  DeviceBuffer scratch;
+  if (chunked) {
+    g.scratch_bytes = cuda::gated_delta_chunked_prefill_scratch_bytes(T, Hv, Dk, Dv);
+    scratch = DeviceBuffer(g.scratch_bytes, "gated_delta_step chunk scratch");
+    g.scratch = scratch.as<void>();
+    cuda::gated_delta_chunked_prefill(g, nullptr);
+  } else {
+    cuda::gated_delta_scan_prefill(g, nullptr);
+  }
+  cuda::GdnGatedNormArgs n;
+  n.o = o.as<float>(), n.z = in.proj.as<float>() + in.C, n.ldz = static_cast<int>(in.ldp), n.w = in.norm.as<float>();
+  n.eps = a.eps, n.out = out.as<uint16_t>(), n.T = T, n.Hv = Hv, n.Dv = Dv;
+  cuda::gated_rmsnorm_prefill(n, nullptr);
+  check(cudaGetLastError(), "gated_delta_step prefill");
+  const bool tail = still_poisoned<float>(q, T * kd, kd) && still_poisoned<float>(k, T * kd, kd) &&
+                    still_poisoned<float>(v, T * vd, vd) && still_poisoned<float>(o, T * vd, vd) &&
+                    still_poisoned<float>(beta, T * Hv, Hv) && still_poisoned<float>(decay, T * Hv, Hv) &&
+                    still_poisoned<uint16_t>(out, T * vd, vd);
+  if (!tail) fail("gated_delta_step (cuda prefill): a kernel wrote past the chunk's ", std::to_string(T), " rows");
+  std::vector<uint16_t> bits(T * vd);
+  download(out, bits.data(), bits.size(), "gated_delta_step out");
+  for (size_t i = 0; i < bits.size(); ++i) a.out[i] = bf16_to_float(bits[i]);
+  download(s, in.state.data(), ns, "gated_delta_step state");
+  for_state(Hv, Dk, Dv, [&](size_t ref, size_t dev) { a.state[ref] = in.state[dev]; });
+  in.download_ring();
+  in.conv_state_at(StepInputs::kFirst + T - 1, a.conv_state);
 }
 
 void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
@@ -340,7 +421,7 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
 }
 
 void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T64, float* y, MoeRoute route,
-               int router_cluster) {
+               int router_cluster, const MoeSublayer& sub) {
   const int T = static_cast<int>(T64), H = static_cast<int>(w.router.cols), E = static_cast<int>(w.router.rows);
   const int I = static_cast<int>(w.gate_proj.rows), Is = static_cast<int>(w.shared_gate_proj.rows);
   const bool tiles = route == MoeRoute::DecodeTiles;
@@ -364,8 +445,14 @@ void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float*
   m.n_experts = E, m.inter = I, m.shared_inter = Is;
   const int step = tiles ? cuda::kMaxStepRows : 1;  // tokens a launch
   DeviceBuffer dx = upload(x, static_cast<size_t>(T) * H, "moe_block x");
-  DeviceBuffer dy(static_cast<size_t>(T) * H * sizeof(float), "moe_block y");  // down adds into it
-  check(cudaMemset(dy.as<void>(), 0, dy.bytes()), "moe_block y");
+  DeviceBuffer dnorm = sub.norm ? upload(sub.norm, H, "moe_block norm") : DeviceBuffer();
+  DeviceBuffer dy;  // down adds into it: the residual x, or zeros
+  if (sub.residual) {
+    dy = upload(x, static_cast<size_t>(T) * H, "moe_block y");
+  } else {
+    dy = DeviceBuffer(static_cast<size_t>(T) * H * sizeof(float), "moe_block y");
+    check(cudaMemset(dy.as<void>(), 0, dy.bytes()), "moe_block y");
+  }
   DeviceBuffer ids = poisoned<int>(step * top_k, "moe_block ids"), weights = poisoned<float>(step * top_k, "moe_block weights");
   DeviceBuffer gate = poisoned<float>(step, "moe_block shared gate");
   DeviceBuffer act = poisoned<float>(static_cast<size_t>(step) * (top_k * I + Is), "moe_block activations");
@@ -374,6 +461,7 @@ void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float*
     const int r = std::min(step, T - t);
     cuda::XSpec X;
     X.x = dx.as<float>() + static_cast<size_t>(t) * H;
+    if (sub.norm) X.mode = cuda::XMode::RmsNorm, X.w = dnorm.as<float>(), X.eps = sub.eps;
     cuda::moe_router_decode(router, X, E, top_k, norm_topk_prob, {nullptr, ids.as<int>(), weights.as<float>(), gate.as<float>()},
                             nullptr, nullptr, cluster, r);
     cuda::moe_gate_up_decode(m, X, ids.as<int>(), top_k, act.as<float>(), nullptr, nullptr, r);

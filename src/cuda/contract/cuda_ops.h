@@ -26,6 +26,11 @@ void gated_delta(const ops::GatedDelta& a, bool chunked);
 // The mixer between its projections: gated_delta_decode (conv, gates, delta rule, gated norm in
 // one launch; Kc = 4), rows_per_launch tokens a launch (1: decode steps; up to 4: verify steps).
 void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch);
+// The same by the prefill's three kernels over the whole chunk: gated_delta_conv_prefill (conv,
+// q/k norms, gates) on projection rows padded past their width, the recurrence (chunked:
+// gated_delta_chunked_prefill, else gated_delta_scan_prefill), gated_rmsnorm_prefill (bf16
+// output). No states per token (keep_rows).
+void gated_delta_step_prefill(const ops::GatedDeltaStep& a, bool chunked);
 
 // The attention mixer's kernels between its projections: Decode, attention_decode (SIMT) a
 // token a launch; DecodeTensorCores, attention_decode_tc, up to 4 rows a launch (a verify
@@ -43,9 +48,16 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
 // its decode kernels, moe_router_decode, moe_gate_up_decode, moe_down_decode: Decode on
 // MLX-order weights a token a launch, DecodeTiles on tensor-core tiles up to 4 tokens a launch.
 // router_cluster caps the router's cluster (0: the executor's; smaller ones route the same bits).
-// y starts at zero, not NaN: down adds every token's experts into it, as into the residual.
+// As the decode step runs it, x may be normalised in the kernels' staging (norm: the
+// post-attention RMSNorm's weight) and y = x + the block (residual: down adds into the
+// residual stream); else y starts at zero, not NaN, as down adds every token's experts into it.
 enum class MoeRoute { Decode, DecodeTiles };
+struct MoeSublayer {
+  const float* norm = nullptr;  // [H] or null: x as given
+  float eps = 1e-6f;
+  bool residual = false;
+};
 void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y, MoeRoute route,
-               int router_cluster = 0);
+               int router_cluster = 0, const MoeSublayer& sub = {});
 
 }  // namespace lily::cuda_ops

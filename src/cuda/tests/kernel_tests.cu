@@ -12,7 +12,6 @@ void run_qmatmul_decode_tests();
 void run_head_tests();
 void run_qmatmul_prefill_tests();
 void run_moe_prefill_tests();
-void run_gated_delta_prefill_tests();
 void run_wgmma_tests();
 void run_rows_tests();
 }  // namespace lily::cuda::test
@@ -34,7 +33,6 @@ int main(int argc, char** argv) {
       {"head", run_head_tests},
       {"qmatmul_prefill", run_qmatmul_prefill_tests},
       {"moe_prefill", run_moe_prefill_tests},
-      {"gated_delta_prefill", run_gated_delta_prefill_tests},
       {"wgmma", run_wgmma_tests},
       {"rows", run_rows_tests},
   };
