@@ -530,7 +530,7 @@ def test_gated_delta_step_cuda_prefill_in_chunks_then_decode(rng, route, chunks)
 @cuda_only
 def test_gated_delta_step_cuda_prefill_refuses(rng):
     x = gated_delta_step_inputs(rng, 3, 2, 4, 32, 32)
-    with pytest.raises(Exception, match=r"gated_delta_step: the prefill kernels keep no state per token"):
+    with pytest.raises(Exception, match=r"gated_delta_step \(cuda\): the prefill kernels keep no state per token"):
         ops.gated_delta_step(**x, keep_rows=True, device="cuda", route="prefill_scan")
     with pytest.raises(Exception, match=r"gated_delta_conv_prefill: head dims must be multiples of 16 up to 128"):
         ops.gated_delta_step(**gated_delta_step_inputs(rng, 3, 2, 4, 32, 20), device="cuda", route="prefill_chunked")
