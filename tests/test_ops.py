@@ -78,8 +78,9 @@ def test_qmatmul(rng, T, group_size, bits):
 
 
 # The CUDA kernels: qmatmul_decode on MLX-order weights (any 4/8-bit group) and on
-# tensor-core tiles, the prefill GEMM (4-bit group 64).
-QMATMUL_CUDA = [("decode", 64, 4), ("decode", 128, 8), ("decode", 32, 4), ("decode_tiles", 64, 4), ("prefill", 64, 4)]
+# tensor-core tiles, the prefill GEMMs (4-bit group 64: exact, bf16 weights, wgmma).
+QMATMUL_CUDA = [("decode", 64, 4), ("decode", 128, 8), ("decode", 32, 4), ("decode_tiles", 64, 4), ("prefill", 64, 4),
+                ("prefill_bf16w", 64, 4), ("prefill_wgmma", 64, 4)]
 
 
 @cuda_only

@@ -255,20 +255,30 @@ void run_on(Backend b, const char* op, Cpu cpu, Cuda cuda, Metal metal) {
           ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
 }
 
+#ifdef LILY_HAS_CUDA
+// qmatmul's CUDA kernels by route name ('': the decode kernel on MLX-order weights).
+cuda_ops::QMatmulRoute cuda_qmatmul_route(const std::string& r) {
+  using R = cuda_ops::QMatmulRoute;
+  return r == "decode_tiles" ? R::DecodeTiles : r == "prefill" ? R::Prefill : r == "prefill_bf16w" ? R::PrefillBf16w
+       : r == "prefill_wgmma" ? R::PrefillWgmma : R::Decode;
+}
+#endif
+
 Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, const std::string& route) {
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
   const Backend b = backend_of(device, "qmatmul");
-  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
+  static const char* const kCudaRoutes[] = {"decode", "decode_tiles", "prefill", "prefill_bf16w", "prefill_wgmma"};
+  const bool known = std::any_of(std::begin(kCudaRoutes), std::end(kCudaRoutes), [&](const char* r) { return route == r; });
+  if (!(route.empty() || (b == Backend::Cuda && known)))
     fail("qmatmul: route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
+         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill', 'prefill_bf16w', 'prefill_wgmma'" : "'' (",
+         device, ")");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   const ops::QMatmul args{x.data(), T, q.w, yp};
   run_on(b, "qmatmul", [&] { cpu::qmatmul(args); },
-         LILY_ON_CUDA(cuda_ops::qmatmul(args, route == "prefill"        ? cuda_ops::QMatmulRoute::Prefill
-                                              : route == "decode_tiles" ? cuda_ops::QMatmulRoute::DecodeTiles
-                                                                        : cuda_ops::QMatmulRoute::Decode)),
+         LILY_ON_CUDA(cuda_ops::qmatmul(args, cuda_qmatmul_route(route))),
          LILY_ON_METAL(metal_ops::qmatmul(args)));
   return y;
 }
@@ -669,7 +679,9 @@ void register_ops(nb::module_& m) {
   nb::module_ ops = m.def_submodule("ops", "lily's ops on numpy arrays, for tests: the CPU's, and with device='cuda' "
                                            "or 'metal-emulator' the CUDA or Metal kernels of those that take one");
   ops.def("qmatmul", &qmatmul, nb::arg("x"), nb::arg("weight"), nb::arg("device") = "cpu", nb::arg("route") = "",
-          "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits)");
+          "y[T, N] = x[T, K] @ dequant(weight)^T; weight = (codes, scales, biases, group_size, bits); on cuda\n"
+          "route 'decode' (the default), 'decode_tiles', or the prefill GEMM: 'prefill' (exact weights),\n"
+          "'prefill_bf16w' (bf16 weights), 'prefill_wgmma' (the same on warpgroup MMA)");
   ops.def("embedding", &embedding, nb::arg("ids"), nb::arg("table"), nb::arg("device") = "cpu",
           "rows ids of the quantized table [V, H]");
   ops.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("w"), nb::arg("eps"), nb::arg("device") = "cpu",

@@ -299,7 +299,7 @@ void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
   const QMat W = cuda::upload_qmat({a.w}, "qmatmul weight", tiles ? cuda::Layout::Tiles : cuda::Layout::Mlx, 0, owned);
   const size_t nx = static_cast<size_t>(T) * K, ny = static_cast<size_t>(T) * N;
   DeviceBuffer y = poisoned<float>(ny, "qmatmul y");
-  if (route == QMatmulRoute::Prefill) {
+  if (route == QMatmulRoute::Prefill || route == QMatmulRoute::PrefillBf16w || route == QMatmulRoute::PrefillWgmma) {
     std::vector<uint16_t> xb(nx);
     for (size_t i = 0; i < nx; ++i) xb[i] = float_to_bf16(a.x[i]);
     DeviceBuffer x = upload(xb.data(), nx, "qmatmul x");
@@ -310,8 +310,10 @@ void qmatmul(const ops::QMatmul& a, QMatmulRoute route) {
     g.M = T;
     g.y = y.as<float>();
     g.ldy = N;
-    constexpr int kTileRows = 64;  // any of the GEMM's tile sizes computes the same sums
-    cuda::qmatmul_prefill(g, kTileRows, nullptr);
+    g.weights_bf16 = route != QMatmulRoute::Prefill;
+    g.wgmma = route == QMatmulRoute::PrefillWgmma;
+    // Any tile size computes the same sums; the wgmma kernel's large chunks take 128 rows.
+    cuda::qmatmul_prefill(g, g.wgmma ? 128 : 64, nullptr);
     download(y, a.y, ny, "qmatmul");
     return;
   }

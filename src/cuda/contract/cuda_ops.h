@@ -12,8 +12,9 @@ namespace lily::cuda_ops {
 
 // The decode and prefill kernels of a quantized matmul: Decode, qmatmul_decode one row at a
 // time on MLX-order weights (fp32 dot); DecodeTiles, on tensor-core tiles, up to 4 rows a
-// launch; Prefill, qmatmul_prefill's exact GEMM (bf16 x; not yet its bf16w and wgmma routes).
-enum class QMatmulRoute { Decode, DecodeTiles, Prefill };
+// launch; Prefill, qmatmul_prefill's exact GEMM (bf16 x); PrefillBf16w, its weights rounded to
+// bf16 with one fp32 sum over K; PrefillWgmma, the same on warpgroup MMA (sm_90a).
+enum class QMatmulRoute { Decode, DecodeTiles, Prefill, PrefillBf16w, PrefillWgmma };
 void qmatmul(const ops::QMatmul& a, QMatmulRoute route);
 void embedding(const ops::Embedding& a);  // embedding_prefill
 
