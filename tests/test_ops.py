@@ -827,8 +827,9 @@ MOE_DECODE_SHAPES = [(256, 16, 4, 64, 128), (128, 8, 2, 64, 64), (2048, 64, 8, 5
 # The router's shapes on MLX-order weights: all 256 experts (a router row per warp of the
 # cluster), 513 rows (several a warp), E = 300 (not a multiple of 32).
 MOE_ROUTER_SHAPES = [(2048, 256, 8, 512, 512), (256, 512, 10, 64, 64), (256, 300, 8, 64, 64)]
-# The tiles take x into the mma as two bf16 halves (hi + lo): close to fp32, not equal.
-MOE_BLOCK_CUDA_TOL = {"decode": 5e-6, "decode_tiles": 5e-5}
+# The tiles take x into the mma as two bf16 halves (hi + lo): close to fp32, not equal; the
+# prefill GEMMs take x, the weights and the SwiGLU activations in bf16.
+MOE_BLOCK_CUDA_TOL = {"decode": 5e-6, "decode_tiles": 5e-5, "prefill": 1e-2}
 
 
 @cuda_only
@@ -849,7 +850,8 @@ def test_moe_block_cuda(rng, route, T, H, E, k, I, Is):
 
 
 @pytest.mark.parametrize("device,route", [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
-                                          pytest.param("cuda", "decode_tiles", marks=cuda_only)])
+                                          pytest.param("cuda", "decode_tiles", marks=cuda_only),
+                                          pytest.param("cuda", "prefill", marks=cuda_only)])
 @pytest.mark.parametrize("T", [1, 4, 7])
 def test_moe_block_as_a_layer_runs_it(rng, device, route, T):
     """The decode step's form: x normalised in the kernels' staging (the post-attention norm)
@@ -861,8 +863,31 @@ def test_moe_block_as_a_layer_runs_it(rng, device, route, T):
     got = ops.moe_block(x, w, k, True, device=device, route=route, norm=norm, eps=1e-6, residual=True)
     block = ref.moe_block(ref.rmsnorm(x, norm, 1e-6), w, k, True)
     bound = MOE_BLOCK_CUDA_TOL[route] if device == "cuda" else 2e-6
-    assert row_err(got - x, block) < 2 * bound, "the block in the sum"  # less x in fp32: the sum's rounding too
+    err = row_err(got - x, block)
+    assert err < 2 * bound, f"the block in the sum: relative error {err:.3g}"  # less x in fp32: the sum's rounding too
     assert row_err(got, (x.astype(np.float64) + block).astype(np.float32)) < bound, "the residual sum"
+
+
+@cuda_only
+@pytest.mark.parametrize("T", [1, 7, 130, 600])
+@pytest.mark.parametrize("H,E,k,I,Is", MOE_DECODE_SHAPES)
+def test_moe_block_cuda_prefill(rng, T, H, E, k, I, Is):
+    """The prefill's routing, grouped expert GEMMs (tiles of 16-32 rows, an expert's rows over
+    several tiles at T = 600) and combine, against the same reference."""
+    w = moe_decode_weights(rng, H, E, I, Is)
+    x = randn(rng, T, H)
+    norm = randn(rng, H) * 0.1 + 1
+    got = ops.moe_block(x, w, k, T != 7, device="cuda", route="prefill", norm=norm, residual=True)
+    block = ref.moe_block(ref.rmsnorm(x, norm, 1e-6), w, k, T != 7)
+    err = row_err(got - x, block)
+    assert err < MOE_BLOCK_CUDA_TOL["prefill"], f"relative error {err:.3g}"
+
+
+@cuda_only
+def test_moe_block_cuda_prefill_runs_it_as_a_layer(rng):
+    w = moe_decode_weights(rng, 256, 16, 64, 128)
+    with pytest.raises(Exception, match=r"moe_block \(cuda\): the prefill route runs the block as a layer does"):
+        ops.moe_block(randn(rng, 3, 256), w, 4, True, device="cuda", route="prefill")
 
 
 @cuda_only

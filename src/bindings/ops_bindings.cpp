@@ -531,9 +531,9 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
   set_moe_config(c, w, top_k, norm_topk_prob);
   need(x, {-1, c.hidden_size}, op, "x");
   const Backend b = backend_of(device, op);
-  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles"))))
-    fail(op, ": route '", route, "' is not one of ", b == Backend::Cuda ? "'', 'decode', 'decode_tiles'" : "'' (",
-         device, ")");
+  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
+    fail(op, ": route '", route, "' is not one of ",
+         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
   if (router_cluster && b != Backend::Cuda) fail(op, ": router_cluster sizes CUDA's router");
   if (router_cluster < 0) fail(op, ": router_cluster must be >= 0 (0: the executor's)");
   if (norm) need(*norm, {c.hidden_size}, op, "norm [H]");
@@ -548,7 +548,9 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
     if (residual)
       for (int64_t i = 0; i < T * H; ++i) yp[i] += x.data()[i];
   }, LILY_ON_CUDA(cuda_ops::moe_block(w, static_cast<int>(top_k), norm_topk_prob, x.data(), T, yp,
-                                      route == "decode" ? cuda_ops::MoeRoute::Decode : cuda_ops::MoeRoute::DecodeTiles,
+                                      route == "decode"    ? cuda_ops::MoeRoute::Decode
+                                      : route == "prefill" ? cuda_ops::MoeRoute::Prefill
+                                                           : cuda_ops::MoeRoute::DecodeTiles,
                                       router_cluster, {norm_w, eps, residual})), nullptr);
   return y;
 }
@@ -728,9 +730,10 @@ void register_ops(nb::module_& m) {
           nb::arg("norm") = nb::none(), nb::arg("eps") = 1e-6f, nb::arg("residual") = false,
           "sparse MoE + gated shared expert; weights: router, gate_proj, up_proj, down_proj, shared_gate_proj,\n"
           "shared_up_proj, shared_down_proj, shared_expert_gate; on cuda route 'decode' (MLX-order weights, a\n"
-          "token a launch) or 'decode_tiles' (tensor-core tiles, 4 tokens a launch; the default), router_cluster\n"
-          "capping the router's cluster (0: the executor's). As a layer runs it: norm [H] normalises x first\n"
-          "(rmsnorm with eps) and residual adds x to the result");
+          "token a launch), 'decode_tiles' (tensor-core tiles, 4 tokens a launch; the default) or 'prefill' (the\n"
+          "prefill's kernels over the chunk; needs norm and residual), router_cluster capping the decode router's\n"
+          "cluster (0: the executor's). As a layer runs it: norm [H] normalises x first (rmsnorm with eps) and\n"
+          "residual adds x to the result");
   ops.def("gated_delta_mixer", &gated_delta_mixer, nb::arg("x"), nb::arg("weights"), nb::arg("conv_state"),
           nb::arg("recurrent_state"), nb::arg("num_key_heads"), nb::arg("num_value_heads"), nb::arg("key_head_dim"),
           nb::arg("value_head_dim"), nb::arg("eps"),

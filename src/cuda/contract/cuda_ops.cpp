@@ -22,6 +22,7 @@
 #include "qmatmul/qmatmul_decode.h"
 #include "qmatmul/qmatmul_prefill.h"
 #include "step/cuda_weights.h"
+#include "step/prefill_step.h"
 
 namespace lily::cuda_ops {
 namespace {
@@ -426,8 +427,10 @@ void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float*
                int router_cluster, const MoeSublayer& sub) {
   const int T = static_cast<int>(T64), H = static_cast<int>(w.router.cols), E = static_cast<int>(w.router.rows);
   const int I = static_cast<int>(w.gate_proj.rows), Is = static_cast<int>(w.shared_gate_proj.rows);
-  const bool tiles = route == MoeRoute::DecodeTiles;
+  const bool tiles = route != MoeRoute::Decode;
   need(w.gate_proj.experts == E && w.down_proj.experts == E, "moe_block", "the expert stacks must hold the router's experts");
+  need(route != MoeRoute::Prefill || (sub.norm && sub.residual), "moe_block",
+       "the prefill route runs the block as a layer does: pass norm and residual=True");
   if (T == 0) return;
   // The executor's layouts (cuda_weights.cpp): the router with the shared gate as its last row;
   // per expert I gate rows then I up rows.
@@ -445,6 +448,20 @@ void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float*
   m.shared_gate_up = cuda::upload_qmat({w.shared_gate_proj, w.shared_up_proj}, "moe_block shared gate_up", gu, Is, owned);
   m.shared_down = cuda::upload_qmat({w.shared_down_proj}, "moe_block shared down", rows, 0, owned);
   m.n_experts = E, m.inter = I, m.shared_inter = Is;
+  if (route == MoeRoute::Prefill) {
+    ModelConfig c;
+    c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = top_k, c.norm_topk_prob = norm_topk_prob;
+    c.moe_intermediate_size = I, c.shared_expert_intermediate_size = Is, c.rms_norm_eps = sub.eps;
+    const cuda::PrefillOptions opt;  // the executor's defaults
+    cuda::PrefillWorkspace ws(c, T, opt, false);
+    DeviceBuffer dnorm = upload(sub.norm, H, "moe_block norm");
+    cuda::DeviceLayer L;
+    L.post_norm = dnorm.as<float>(), L.router = router, L.experts = m;
+    check(cudaMemcpy(ws.h, x, static_cast<size_t>(T) * H * sizeof(float), cudaMemcpyHostToDevice), "moe_block x");
+    cuda::enqueue_moe_prefill(c, L, ws, opt, T, nullptr);
+    check(cudaMemcpy(y, ws.h, static_cast<size_t>(T) * H * sizeof(float), cudaMemcpyDeviceToHost), "moe_block y");
+    return;
+  }
   const int step = tiles ? cuda::kMaxStepRows : 1;  // tokens a launch
   DeviceBuffer dx = upload(x, static_cast<size_t>(T) * H, "moe_block x");
   DeviceBuffer dnorm = sub.norm ? upload(sub.norm, H, "moe_block norm") : DeviceBuffer();

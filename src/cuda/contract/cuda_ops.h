@@ -47,12 +47,15 @@ void gated_attention(const ops::GatedAttention& a, AttentionRoute route, Attenti
 
 // The MoE block (src/cpp/cpu/layers.h's moe_block: routed experts + gated shared expert) by
 // its decode kernels, moe_router_decode, moe_gate_up_decode, moe_down_decode: Decode on
-// MLX-order weights a token a launch, DecodeTiles on tensor-core tiles up to 4 tokens a launch.
+// MLX-order weights a token a launch, DecodeTiles on tensor-core tiles up to 4 tokens a launch;
+// or Prefill, the prefill's over the whole chunk (step/prefill_step.h's enqueue_moe_prefill:
+// rmsnorm_prefill, moe_route_prefill, grouped qmatmul_prefill GEMMs, moe_combine_prefill),
+// which runs it as a layer only (norm and residual).
 // router_cluster caps the router's cluster (0: the executor's; smaller ones route the same bits).
 // As the decode step runs it, x may be normalised in the kernels' staging (norm: the
 // post-attention RMSNorm's weight) and y = x + the block (residual: down adds into the
 // residual stream); else y starts at zero, not NaN, as down adds every token's experts into it.
-enum class MoeRoute { Decode, DecodeTiles };
+enum class MoeRoute { Decode, DecodeTiles, Prefill };
 struct MoeSublayer {
   const float* norm = nullptr;  // [H] or null: x as given
   float eps = 1e-6f;

@@ -172,13 +172,12 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
 namespace {
 
 // What every op of one chunk needs: the model, the session, the chunk and its schedule.
-struct Chunk {
+// The GEMMs of a chunk of T rows through the prefill options (all the MoE block needs).
+struct ChunkGemms {
   const ModelConfig& c;
-  const DeviceWeights& W;
   PrefillWorkspace& ws;
   const PrefillOptions& opt;
-  const SessionState& s;
-  int parity, pos0, T;
+  int T;
   cudaStream_t stream;
   StageTimer* timer;
   int H = static_cast<int>(c.hidden_size);
@@ -216,6 +215,13 @@ struct Chunk {
     g.ldy = ldy;
     dense(g);
   }
+};
+
+// A chunk of the session's prompt at positions pos0 .. pos0 + T - 1.
+struct Chunk : ChunkGemms {
+  const DeviceWeights& W;
+  const SessionState& s;
+  int parity, pos0;
 };
 
 void gated_delta_mixer(const Chunk& k, const DeviceLayer& L, int lin) {
@@ -277,7 +283,7 @@ void attention_mixer(const Chunk& k, const DeviceLayer& L, uint16_t* k_cache, ui
 
 // Routes on the GPU, then grouped expert GEMMs over the rows sorted by expert, the shared
 // expert as two dense GEMMs, and the combine into the residual.
-void moe_block(const Chunk& k, const DeviceLayer& L) {
+void moe_block(const ChunkGemms& k, const DeviceLayer& L) {
   const ModelConfig& c = k.c;
   PrefillWorkspace& ws = k.ws;
   const int top_k = static_cast<int>(c.num_experts_per_tok), E = static_cast<int>(c.num_experts);
@@ -337,7 +343,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
                      const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
   if (T > ws.capacity) fail("prefill: chunk of ", std::to_string(T), " tokens exceeds the workspace (", std::to_string(ws.capacity), ")");
   std::unique_ptr<StageTimer> timer = opt.profile ? std::make_unique<StageTimer>(stream) : nullptr;
-  const Chunk k{c, W, ws, opt, s, parity, pos0, T, stream, timer.get()};
+  const Chunk k{{c, ws, opt, T, stream, timer.get()}, W, s, parity, pos0};
   ws.tile_m = moe_tile_rows(c, T, opt);
   embedding_prefill(W.embed, ws.tokens, T, ws.h, stream);
   k.mark("embed");
@@ -356,6 +362,12 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
   if (timer) timer->report(T);
 }
 
+void enqueue_moe_prefill(const ModelConfig& c, const DeviceLayer& L, PrefillWorkspace& ws, const PrefillOptions& opt, int T,
+                         cudaStream_t stream) {
+  ws.tile_m = moe_tile_rows(c, T, opt);
+  moe_block(ChunkGemms{c, ws, opt, T, stream, nullptr}, L);
+}
+
 void enqueue_mtp_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
                          const SessionState& s, int parity, int pos0, int T, cudaStream_t stream) {
   const int H = static_cast<int>(c.hidden_size), skip = pos0 == 0 ? 1 : 0, n = T - skip;
@@ -365,7 +377,7 @@ void enqueue_mtp_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWo
   rmsnorm_prefill(ws.h, W.final_norm, T, H, eps, nullptr, state + H, stream);
   if (!skip) check(cudaMemcpyAsync(state, s.mtp_hidden[parity], row, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (MTP state)");
   if (n > 0) {  // the head's rows at positions pos0 - 1 + skip ..: state at q, token at q + 1
-    const Chunk k{c, W, ws, opt, s, parity, pos0 - 1 + skip, n, stream, nullptr};
+    const Chunk k{{c, ws, opt, n, stream, nullptr}, W, s, parity, pos0 - 1 + skip};
     embedding_prefill(W.embed, ws.tokens + skip, n, ws.xf, stream);
     rmsnorm_prefill(ws.xf, W.mtp.norm_embed, n, H, eps, ws.mtp_cat, nullptr, stream, 2 * H);
     rmsnorm_prefill(state + static_cast<size_t>(skip) * H, W.mtp.norm_hidden, n, H, eps, ws.mtp_cat + H, nullptr, stream, 2 * H);

@@ -94,6 +94,11 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
 void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorkspace& ws, const PrefillOptions& opt,
                      const SessionState& s, int parity, int pos0, int T, cudaStream_t stream);
 
+// The MoE sublayer alone over the T rows of ws.h, as every layer of enqueue_prefill runs it:
+// h += moe(rmsnorm(h, L.post_norm)) (the op tests reach the prefill's MoE kernels by it).
+void enqueue_moe_prefill(const ModelConfig& c, const DeviceLayer& L, PrefillWorkspace& ws, const PrefillOptions& opt, int T,
+                         cudaStream_t stream);
+
 // The MTP head's cache rows for the chunk (session made with it; step/mtp_step.h): after the
 // chunk's trunk and heads (ws.h is overwritten), the rows at positions pos0 - 1 .. pos0 + T - 2
 // (from 0 when pos0 == 0), and mtp_hidden[parity] row 0 = the normed state at pos0 + T - 1.
