@@ -234,11 +234,11 @@ def moe_block(x, weights: dict, top_k: int, norm_topk_prob: bool):
     x = np.asarray(x, np.float32)
     experts, w = moe_router(qmatmul(x, weights["router"]), top_k, norm_topk_prob)
     out = np.zeros(x.shape, F64)
-    for t in range(x.shape[0]):
-        for e, we in zip(experts[t], w[t]):
-            y = moe_experts(x[t:t + 1], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
-                            _expert(weights["down_proj"], e))
-            out[t] += F64(we) * y[0]
+    for e in np.unique(experts):  # each expert once, over the tokens that chose it
+        rows, slots = np.nonzero(experts == e)
+        y = moe_experts(x[rows], _expert(weights["gate_proj"], e), _expert(weights["up_proj"], e),
+                        _expert(weights["down_proj"], e))
+        out[rows] += w[rows, slots].astype(F64)[:, None] * y
     shared = moe_experts(x, weights["shared_gate_proj"], weights["shared_up_proj"], weights["shared_down_proj"])
     gate = sigmoid(qmatmul(x, weights["shared_expert_gate"]).astype(F64))
     return (out + gate * shared).astype(np.float32)
