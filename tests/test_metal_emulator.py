@@ -99,12 +99,33 @@ def run_attention(Hq, Hkv, D):
     return run
 
 
+def run_moe_router():
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((3, 300)) * 2).astype(np.float32)  # 10 experts a lane, some lanes past E
+    got, want = ops.moe_router(logits, 10, True, device="metal-emulator"), ref.moe_router(logits, 10, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    return got[1], want[1]
+
+
+def run_moe_block():  # moe_gate_up (routed and shared) and moe_down, 3 tokens of 4 experts each
+    rng = np.random.default_rng(6)
+    H, E, I, Is = 128, 16, 64, 96
+    w = {"router": ref.random_qweight(rng, E, H, bits=8, spread=4.0),
+         "gate_proj": ref.random_qweight(rng, I, H, experts=E), "up_proj": ref.random_qweight(rng, I, H, experts=E),
+         "down_proj": ref.random_qweight(rng, H, I, experts=E), "shared_gate_proj": ref.random_qweight(rng, Is, H),
+         "shared_up_proj": ref.random_qweight(rng, Is, H), "shared_down_proj": ref.random_qweight(rng, H, Is, group_size=32),
+         "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8)}
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    return ops.moe_block(x, w, 4, True, device="metal-emulator"), ref.moe_block(x, w, 4, True)
+
+
 RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm,
         "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8),
         "gated_delta_dk32": run_gated_delta(1, 2, 20, 40), "gated_delta_dk64": run_gated_delta(2, 4, 48, 12),
         "gated_delta_dk128": run_gated_delta(1, 3, 100, 33),
         "attention_d64": run_attention(3, 1, 44), "attention_d128": run_attention(4, 2, 100),
-        "attention_d256": run_attention(2, 1, 256)}
+        "attention_d256": run_attention(2, 1, 256), "moe_router_topk": run_moe_router,
+        "moe_gate_up": run_moe_block, "moe_down": run_moe_block}
 
 
 def op_kernels():

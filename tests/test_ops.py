@@ -762,31 +762,56 @@ def test_gated_attention_refuses_bad_shapes(rng):
 # ---- MoE -------------------------------------------------------------------------------------
 
 
+# The backends with MoE routing and expert kernels of their own (CUDA fuses them: moe_block).
+MOE_DEVICES = ["cpu", pytest.param("metal-emulator", marks=metal_emulator_only)]
+
+
+@pytest.mark.parametrize("device", MOE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
-@pytest.mark.parametrize("renormalize", [True, False])
-def test_moe_router(rng, T, renormalize):
-    logits = randn(rng, T, 64, scale=2.0)
-    experts, w = ops.moe_router(logits, 8, renormalize)
-    e_ref, w_ref = ref.moe_router(logits, 8, renormalize)
+@pytest.mark.parametrize("E,K,renormalize", [(64, 8, True), (64, 8, False), (16, 4, True), (300, 10, True),
+                                              (512, 16, False), (33, 1, True)])
+def test_moe_router(rng, device, T, E, K, renormalize):
+    logits = randn(rng, T, E, scale=2.0)
+    experts, w = ops.moe_router(logits, K, renormalize, device=device)
+    e_ref, w_ref = ref.moe_router(logits, K, renormalize)
     np.testing.assert_array_equal(experts, e_ref)
-    assert rel_err(w, w_ref) < tol("moe_router", "cpu")
+    assert rel_err(w, w_ref) < tol("moe_router", device)
 
 
-def test_moe_router_ties_take_the_lower_expert(rng):
-    logits = np.zeros((2, 16), np.float32)
-    logits[0, [3, 9, 12]] = 1.0
-    experts, w = ops.moe_router(logits, 4, True)
-    np.testing.assert_array_equal(experts[0], [3, 9, 12, 0])
-    np.testing.assert_array_equal(experts[1], [0, 1, 2, 3])
+@pytest.mark.parametrize("device", MOE_DEVICES)
+def test_moe_router_ties_take_the_lower_expert(rng, device):
+    logits = np.zeros((2, 40), np.float32)
+    logits[0, [3, 9, 12, 35]] = 1.0
+    experts, w = ops.moe_router(logits, 5, True, device=device)
+    np.testing.assert_array_equal(experts[0], [3, 9, 12, 35, 0])
+    np.testing.assert_array_equal(experts[1], [0, 1, 2, 3, 4])
     np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
 
 
+@metal_emulator_only
+def test_moe_router_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    with pytest.raises(Exception, match=r"moe_router \(metal-emulator\): needs 0 < K <= E <= 512"):
+        ops.moe_router(randn(rng, 2, 513), 8, True, device="metal-emulator")
+
+
+@pytest.mark.parametrize("device", MOE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
-def test_moe_experts(rng, T):
-    gate, up = ref.random_qweight(rng, 96, 128), ref.random_qweight(rng, 96, 128)
-    down = ref.random_qweight(rng, 128, 96, group_size=32)
-    x = randn(rng, T, 128)
-    assert rel_err(ops.moe_experts(x, gate, up, down), ref.moe_experts(x, gate, up, down)) < tol("moe_experts", "cpu")
+@pytest.mark.parametrize("H,I,bits,group_size", [(128, 96, 4, 64), (256, 160, 8, 32), (96, 32, 4, 32)])
+def test_moe_experts(rng, device, T, H, I, bits, group_size):
+    gate = ref.random_qweight(rng, I, H, bits=bits, group_size=group_size)
+    up = ref.random_qweight(rng, I, H, bits=bits, group_size=group_size)
+    down = ref.random_qweight(rng, H, I, bits=bits, group_size=32)
+    x = randn(rng, T, H)
+    got = ops.moe_experts(x, gate, up, down, device=device)
+    assert row_err(got, ref.moe_experts(x, gate, up, down)) < tol("moe_experts", device)
+
+
+@metal_emulator_only
+def test_moe_experts_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    gate, up = ref.random_qweight(rng, 32, 64, bits=2), ref.random_qweight(rng, 32, 64, bits=2)
+    with pytest.raises(Exception, match=r"moe_experts \(metal-emulator\): has 4- and 8-bit expert kernels, not 2-bit"):
+        ops.moe_experts(randn(rng, 2, 64), gate, up, ref.random_qweight(rng, 64, 32, bits=2, group_size=32),
+                        device="metal-emulator")
 
 
 def moe_weights(rng, H=128, E=16, I=64, Is=96):
@@ -802,13 +827,14 @@ def moe_weights(rng, H=128, E=16, I=64, Is=96):
     }
 
 
+@pytest.mark.parametrize("device", MOE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
-def test_moe_block(rng, T, norm_topk_prob):
+def test_moe_block(rng, device, T, norm_topk_prob):
     w = moe_weights(rng)
     x = randn(rng, T, 128)
-    got = ops.moe_block(x, w, 4, norm_topk_prob)
-    assert row_err(got, ref.moe_block(x, w, 4, norm_topk_prob)) < 2e-6
+    got = ops.moe_block(x, w, 4, norm_topk_prob, device=device)
+    assert row_err(got, ref.moe_block(x, w, 4, norm_topk_prob)) < MOE_BLOCK_TOL[device]
 
 
 def moe_decode_weights(rng, H, E, I, Is):
@@ -830,6 +856,7 @@ MOE_ROUTER_SHAPES = [(2048, 256, 8, 512, 512), (256, 512, 10, 64, 64), (256, 300
 # The tiles take x into the mma as two bf16 halves (hi + lo): close to fp32, not equal; the
 # prefill GEMMs take x, the weights and the SwiGLU activations in bf16.
 MOE_BLOCK_CUDA_TOL = {"decode": 5e-6, "decode_tiles": 5e-5, "prefill": 1e-2}
+MOE_BLOCK_TOL = {"cpu": 2e-6, "metal-emulator": 1e-5}  # the Metal kernels sum per word as its qmatmul
 
 
 @cuda_only
@@ -851,7 +878,8 @@ def test_moe_block_cuda(rng, route, T, H, E, k, I, Is):
 
 @pytest.mark.parametrize("device,route", [("cpu", ""), pytest.param("cuda", "decode", marks=cuda_only),
                                           pytest.param("cuda", "decode_tiles", marks=cuda_only),
-                                          pytest.param("cuda", "prefill", marks=cuda_only)])
+                                          pytest.param("cuda", "prefill", marks=cuda_only),
+                                          pytest.param("metal-emulator", "", marks=metal_emulator_only)])
 @pytest.mark.parametrize("T", [1, 4, 7])
 def test_moe_block_as_a_layer_runs_it(rng, device, route, T):
     """The decode step's form: x normalised in the kernels' staging (the post-attention norm)
@@ -862,7 +890,7 @@ def test_moe_block_as_a_layer_runs_it(rng, device, route, T):
     norm = randn(rng, H) * 0.1 + 1
     got = ops.moe_block(x, w, k, True, device=device, route=route, norm=norm, eps=1e-6, residual=True)
     block = ref.moe_block(ref.rmsnorm(x, norm, 1e-6), w, k, True)
-    bound = MOE_BLOCK_CUDA_TOL[route] if device == "cuda" else 2e-6
+    bound = MOE_BLOCK_CUDA_TOL[route] if device == "cuda" else MOE_BLOCK_TOL[device]
     err = row_err(got - x, block)
     assert err < 2 * bound, f"the block in the sum: relative error {err:.3g}"  # less x in fp32: the sum's rounding too
     assert row_err(got, (x.astype(np.float64) + block).astype(np.float32)) < bound, "the residual sum"

@@ -499,25 +499,33 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   return {o, kc, vc};
 }
 
-std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k, bool renormalize) {
+std::tuple<Out<int32_t>, Out<float>> moe_router(In<float> logits, int64_t top_k, bool renormalize,
+                                                const std::string& device) {
   need(logits, {-1, -1}, "moe_router", "logits [T, E]");
   const int64_t T = logits.shape(0), E = logits.shape(1);
+  const Backend b = backend_of(device, "moe_router");
   const std::vector<size_t> shape{static_cast<size_t>(T), static_cast<size_t>(std::max<int64_t>(top_k, 0))};
   auto [ids, ip] = new_array<int32_t>(shape);
   auto [w, wp] = new_array<float>(shape);
-  cpu::moe_router({logits.data(), T, E, top_k, renormalize, ip, wp});
+  const ops::MoeRouter args{logits.data(), T, E, top_k, renormalize, ip, wp};
+  run_on(b, "moe_router", [&] { cpu::moe_router(args); },
+         LILY_ON_CUDA(fail("moe_router (cuda): CUDA fuses it with the router matmul: run moe_block")),
+         LILY_ON_METAL(metal_ops::moe_router(args)));
   return {ids, w};
 }
 
-Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle down) {
+Out<float> moe_experts(In<float> x, nb::handle gate, nb::handle up, nb::handle down, const std::string& device) {
   PyQWeight g(gate, "moe_experts", "gate"), u(up, "moe_experts", "up"), d(down, "moe_experts", "down");
   need(x, {-1, g.w.cols}, "moe_experts", "x");
+  const Backend b = backend_of(device, "moe_experts");
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(d.w.rows)});
-  nb::gil_scoped_release nogil;
-  const cpu::MoeExpert expert{x.data(), T, g.w, u.w, d.w, yp};
-  std::vector<float> scratch;
-  cpu::moe_experts({&expert, 1}, scratch);
+  const ops::MoeExpert expert{x.data(), T, g.w, u.w, d.w, yp};
+  run_on(b, "moe_experts", [&] {
+    std::vector<float> scratch;
+    cpu::moe_experts({&expert, 1}, scratch);
+  }, LILY_ON_CUDA(fail("moe_experts (cuda): CUDA runs the experts of a block: run moe_block")),
+         LILY_ON_METAL(metal_ops::moe_experts(expert)));
   return y;
 }
 
@@ -551,7 +559,9 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
                                       route == "decode"    ? cuda_ops::MoeRoute::Decode
                                       : route == "prefill" ? cuda_ops::MoeRoute::Prefill
                                                            : cuda_ops::MoeRoute::DecodeTiles,
-                                      router_cluster, {norm_w, eps, residual})), nullptr);
+                                      router_cluster, {norm_w, eps, residual})),
+         LILY_ON_METAL(metal_ops::moe_block(w, static_cast<int>(top_k), norm_topk_prob, x.data(), T, yp, norm_w, eps,
+                                            residual)));
   return y;
 }
 
@@ -722,9 +732,9 @@ void register_ops(nb::module_& m) {
           "'decode_tc' (the default), 'prefill' (its flash kernel by head dim), 'prefill_mma' or 'prefill_wgmma',\n"
           "the decode routes splitting the keys by max_splits and min_chunk (0: the executor's defaults)");
   ops.def("moe_router", &moe_router, nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"),
-          "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
+          nb::arg("device") = "cpu", "(experts int32 [T, K], weights [T, K]) from router logits [T, E]");
   ops.def("moe_experts", &moe_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
-          "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
+          nb::arg("device") = "cpu", "one expert's SwiGLU MLP: down(silu(x gate^T) * (x up^T))");
   ops.def("moe_block", &moe_block, nb::arg("x"), nb::arg("weights"), nb::arg("top_k"), nb::arg("norm_topk_prob"),
           nb::arg("device") = "cpu", nb::arg("route") = "", nb::arg("router_cluster") = 0,
           nb::arg("norm") = nb::none(), nb::arg("eps") = 1e-6f, nb::arg("residual") = false,

@@ -97,4 +97,97 @@ void attention(const ops::Attention& a) {
   if (a.T) metal_emu::dispatch(kernel, {static_cast<uint32_t>(a.T), Hkv}, {32 * (Hq / Hkv)}, b);
 }
 
+void moe_router(const ops::MoeRouter& a) {
+  need(a.E > 0 && a.E <= 512 && a.K > 0 && a.K <= a.E && a.T >= 0 && a.T <= UINT32_MAX, "moe_router",
+       "needs 0 < K <= E <= 512");
+  poison(a.weights, static_cast<size_t>(a.T) * a.K);
+  std::fill(a.experts, a.experts + a.T * a.K, -1);
+  const uint32_t E = static_cast<uint32_t>(a.E), K = static_cast<uint32_t>(a.K), renorm = a.renormalize;
+  void* const b[] = {buf(a.logits), a.experts, a.weights, buf(&E), buf(&K), buf(&renorm)};
+  if (a.T) metal_emu::dispatch("moe_router_topk", {static_cast<uint32_t>(a.T)}, {32}, b);
+}
+
+namespace {
+
+// The MLX stacks the expert kernels take: one width; gate and up of one group size.
+void check_experts(const char* op, const QWeight& gate, const QWeight& up, const QWeight& down) {
+  need(gate.bits == 4 || gate.bits == 8, op, "has 4- and 8-bit expert kernels, not " + std::to_string(gate.bits) + "-bit");
+  need(up.bits == gate.bits && down.bits == gate.bits, op, "expert matrices of one width");
+  need(up.group_size == gate.group_size && gate.group_size % 32 == 0 && down.group_size % 32 == 0, op,
+       "group sizes must be multiples of 32, gate's and up's the same");
+  need(gate.rows == up.rows && gate.cols == up.cols && down.cols == gate.rows, op, "gate/up [I, H] and down [H, I]");
+}
+
+// act [slots, I] = silu(x gate^T) * (x up^T) for slot s of token s / S, expert ids[s].
+void gate_up(const QWeight& gate, const QWeight& up, const float* x, const int32_t* ids, int64_t slots, uint32_t S, float* act) {
+  const uint32_t I = static_cast<uint32_t>(gate.rows), H = static_cast<uint32_t>(gate.cols), bits = gate.bits;
+  const uint32_t dims[4] = {I, H, static_cast<uint32_t>(gate.group_size), S};
+  poison(act, static_cast<size_t>(slots) * I);
+  void* const b[] = {buf(x), buf(ids), buf(gate.codes), buf(gate.scales), buf(gate.biases), buf(up.codes),
+                     buf(up.scales), buf(up.biases), act, buf(dims), buf(&bits)};
+  if (slots) metal_emu::dispatch("moe_gate_up", {(I + 7) / 8, static_cast<uint32_t>(slots)}, {64}, b);
+}
+
+// The routed and shared experts of moe_down (shared: nullptr for none).
+struct DownArgs {
+  const QWeight& down;
+  const float* act;
+  const int32_t* ids;
+  const float* w;
+  uint32_t S;
+  const QWeight* shared_down = nullptr;
+  const float* act_shared = nullptr;
+  const float* shared_logit = nullptr;
+  const float* residual = nullptr;
+};
+
+void down(const DownArgs& d, int64_t T, float* y) {
+  const QWeight& sd = d.shared_down ? *d.shared_down : d.down;
+  const uint32_t H = static_cast<uint32_t>(d.down.rows), I = static_cast<uint32_t>(d.down.cols);
+  const uint32_t dims[4] = {H, I, static_cast<uint32_t>(sd.cols), d.S};
+  const uint32_t params[4] = {static_cast<uint32_t>(d.down.group_size), static_cast<uint32_t>(sd.group_size),
+                              static_cast<uint32_t>(d.down.bits), (d.shared_down ? 1u : 0u) | (d.residual ? 2u : 0u)};
+  poison(y, static_cast<size_t>(T) * H);
+  void* const b[] = {buf(d.act), buf(d.ids), buf(d.w), buf(d.down.codes), buf(d.down.scales), buf(d.down.biases),
+                     buf(d.act_shared ? d.act_shared : d.act), buf(sd.codes), buf(sd.scales), buf(sd.biases),
+                     buf(d.shared_logit ? d.shared_logit : d.w), buf(d.residual ? d.residual : d.w), y, buf(dims),
+                     buf(params)};
+  if (T) metal_emu::dispatch("moe_down", {(H + 7) / 8, static_cast<uint32_t>(T)}, {64}, b);
+}
+
+}  // namespace
+
+void moe_experts(const ops::MoeExpert& a) {
+  check_experts("moe_experts", a.gate, a.up, a.down);
+  need(a.gate.experts == 1 && a.down.experts == 1 && a.T <= UINT32_MAX, "moe_experts", "one expert's matrices");
+  const std::vector<int32_t> ids(a.T, 0);
+  const std::vector<float> ones(a.T, 1.0f);  // the routing weight: y is the expert's output exactly
+  std::vector<float> act(static_cast<size_t>(a.T) * a.gate.rows);
+  gate_up(a.gate, a.up, a.x, ids.data(), a.T, 1, act.data());
+  down({a.down, act.data(), ids.data(), ones.data(), 1}, a.T, a.y);
+}
+
+void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y,
+               const float* norm, float eps, bool residual) {
+  const char* op = "moe_block";
+  check_experts(op, w.gate_proj, w.up_proj, w.down_proj);
+  check_experts(op, w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj);
+  need(w.shared_down_proj.bits == w.down_proj.bits, op, "routed and shared experts of one width");
+  need(T <= UINT32_MAX / std::max(top_k, 1), op, "too many tokens");
+  const int64_t H = w.router.cols, E = w.router.rows, I = w.gate_proj.rows, Is = w.shared_gate_proj.rows;
+  std::vector<float> xn(norm ? T * H : 0), logits(T * E), shared_logit(T), weights(T * top_k);
+  std::vector<int32_t> ids(T * top_k), shared_ids(T, 0);
+  std::vector<float> act(T * top_k * I), act_shared(T * Is);
+  const float* xin = x;
+  if (norm) rmsnorm({x, T, H, norm, eps, xn.data()}), xin = xn.data();
+  qmatmul({xin, T, w.router, logits.data()});
+  qmatmul({xin, T, w.shared_expert_gate, shared_logit.data()});
+  moe_router({logits.data(), T, E, top_k, norm_topk_prob, ids.data(), weights.data()});
+  gate_up(w.gate_proj, w.up_proj, xin, ids.data(), T * top_k, static_cast<uint32_t>(top_k), act.data());
+  gate_up(w.shared_gate_proj, w.shared_up_proj, xin, shared_ids.data(), T, 1, act_shared.data());
+  down({w.down_proj, act.data(), ids.data(), weights.data(), static_cast<uint32_t>(top_k), &w.shared_down_proj,
+        act_shared.data(), shared_logit.data(), residual ? x : nullptr},
+       T, y);
+}
+
 }  // namespace lily::metal_ops

@@ -5,6 +5,7 @@
 #pragma once
 #include "ops/attention.h"
 #include "ops/gated_delta.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
 
@@ -20,5 +21,15 @@ void gated_delta(const ops::GatedDelta& a);
 // attention_d{64,128,256} (src/metal/attention/attention.metal), all T tokens in one dispatch:
 // D a multiple of 4 up to 256, Hq a multiple of Hkv by at most 32.
 void attention(const ops::Attention& a);
+// moe_router_topk (src/metal/moe/moe_router.metal): a simdgroup a token, E <= 512.
+void moe_router(const ops::MoeRouter& a);
+// moe_gate_up then moe_down (src/metal/moe/moe_experts.metal) on one expert's matrices.
+void moe_experts(const ops::MoeExpert& a);
+// The MoE block as the decode step runs it: rmsnorm (when norm), the router and shared-gate
+// rows by qmatmul_decode, moe_router_topk, moe_gate_up for the K routed experts and for the
+// shared one, moe_down with the routing weights, the gated shared expert and (residual) x.
+// 4- or 8-bit experts, one width for all of them.
+void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y,
+               const float* norm, float eps, bool residual);
 
 }  // namespace lily::metal_ops
