@@ -60,6 +60,26 @@ def run_gated_rmsnorm():
     return ops.gated_rmsnorm(x, z, w, 1e-6, device="metal-emulator"), ref.gated_rmsnorm(x, z, w, 1e-6)
 
 
+def run_l2norm():
+    x, _, _ = norm_inputs(5, 300)
+    return ops.l2norm(x, 1e-6, 0.5, device="metal-emulator"), ref.l2norm(x, 1e-6, 0.5)
+
+
+def run_gated_delta_conv():  # 300 channels: a partial second threadgroup; 20 tokens through 3 taps of state
+    rng = np.random.default_rng(7)
+    x, w, state = (rng.standard_normal(s).astype(np.float32) for s in ((20, 300), (300, 4), (3, 300)))
+    (y, st), (y_ref, st_ref) = ops.gated_delta_conv(x, w, state, device="metal-emulator"), ref.gated_delta_conv(x, w, state)
+    return np.concatenate([y.ravel(), st.ravel()]), np.concatenate([y_ref.ravel(), st_ref.ravel()])
+
+
+def run_gated_delta_gates():
+    rng = np.random.default_rng(8)
+    a, b = (rng.standard_normal((20, 30)).astype(np.float32) * 3 for _ in range(2))
+    A_log, dt_bias = (rng.standard_normal(30).astype(np.float32) for _ in range(2))
+    got, want = ops.gated_delta_gates(a, b, A_log, dt_bias, device="metal-emulator"), ref.gated_delta_gates(a, b, A_log, dt_bias)
+    return np.concatenate([v.ravel() for v in got]), np.concatenate([v.ravel() for v in want])
+
+
 def run_qmatmul(bits):
     def run():
         rng = np.random.default_rng(bits)
@@ -119,7 +139,8 @@ def run_moe_block():  # moe_gate_up (routed and shared) and moe_down, 3 tokens o
     return ops.moe_block(x, w, 4, True, device="metal-emulator"), ref.moe_block(x, w, 4, True)
 
 
-RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm,
+RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm, "l2norm": run_l2norm,
+        "gated_delta_conv": run_gated_delta_conv, "gated_delta_gates": run_gated_delta_gates,
         "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8),
         "gated_delta_dk32": run_gated_delta(1, 2, 20, 40), "gated_delta_dk64": run_gated_delta(2, 4, 48, 12),
         "gated_delta_dk128": run_gated_delta(1, 3, 100, 33),
@@ -145,7 +166,7 @@ def barriers():
 
 def test_every_op_kernel_has_a_run_and_the_mutation_test_has_barriers():
     assert sorted(k for k, _ in op_kernels()) == sorted(RUNS)
-    assert {k for k, _, _ in barriers()} == {"rmsnorm", "gated_rmsnorm", "gated_delta_dk32", "gated_delta_dk64",
+    assert {k for k, _, _ in barriers()} == {"rmsnorm", "gated_rmsnorm", "l2norm", "gated_delta_dk32", "gated_delta_dk64",
                                              "gated_delta_dk128", "attention_d64", "attention_d128", "attention_d256"}
 
 

@@ -219,10 +219,18 @@ def test_ops_refuse_an_unknown_device(rng):
         ops.gated_delta(*args, device="cpu", route="scan")
 
 
+# The backends with the Gated DeltaNet prologue's ops as kernels of their own (CUDA fuses
+# them: gated_delta_step).
+PROLOGUE_DEVICES = ["cpu", pytest.param("metal-emulator", marks=metal_emulator_only)]
+
+
+@pytest.mark.parametrize("device", PROLOGUE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
-def test_l2norm(rng, T):
-    x = randn(rng, T, 3, 128)
-    assert rel_err(ops.l2norm(x, 1e-6, 128**-0.5), ref.l2norm(x, 1e-6, 128**-0.5)) < tol("l2norm", "cpu")
+@pytest.mark.parametrize("heads,dim", [(3, 128), (2, 48), (1, 4099)])
+def test_l2norm(rng, device, T, heads, dim):
+    x = randn(rng, T, heads, dim)
+    got = ops.l2norm(x, 1e-6, dim**-0.5, device=device)
+    assert row_err(got.reshape(-1, dim), ref.l2norm(x, 1e-6, dim**-0.5).reshape(-1, dim)) < tol("l2norm", device)
 
 
 @pytest.mark.parametrize("T", TOKENS)
@@ -250,14 +258,14 @@ def test_rope_refuses_odd_rotary_dim(rng):
 # ---- Gated DeltaNet pieces ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", PROLOGUE_DEVICES)
 @pytest.mark.parametrize("T", [1, 2, 7, 63, 130])
-@pytest.mark.parametrize("Kc", [4, 2])
-def test_gated_delta_conv(rng, T, Kc):
-    C = 40
+@pytest.mark.parametrize("Kc,C", [(4, 40), (2, 40), (1, 7), (8, 300)])
+def test_gated_delta_conv(rng, device, T, Kc, C):
     x, w, state = randn(rng, T, C), randn(rng, C, Kc, scale=0.5), randn(rng, Kc - 1, C)
-    y, new_state = ops.gated_delta_conv(x, w, state)
+    y, new_state = ops.gated_delta_conv(x, w, state, device=device)
     y_ref, state_ref = ref.gated_delta_conv(x, w, state)
-    assert rel_err(y, y_ref) < tol("gated_delta_conv", "cpu")
+    assert row_err(y, y_ref) < tol("gated_delta_conv", device)
     np.testing.assert_array_equal(new_state, state_ref)
 
 
@@ -274,14 +282,22 @@ def test_gated_delta_conv_chunked_equals_one_shot(rng):
     np.testing.assert_array_equal(state, full_state)
 
 
+@pytest.mark.parametrize("device", PROLOGUE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
-def test_gated_delta_gates(rng, T):
+def test_gated_delta_gates(rng, device, T):
     a, b = randn(rng, T, 6, scale=3.0), randn(rng, T, 6, scale=3.0)
     A_log, dt_bias = randn(rng, 6), randn(rng, 6)
     a[0, 0] = 40.0  # softplus far into its linear range
-    g, beta = ops.gated_delta_gates(a, b, A_log, dt_bias)
+    g, beta = ops.gated_delta_gates(a, b, A_log, dt_bias, device=device)
     g_ref, beta_ref = ref.gated_delta_gates(a, b, A_log, dt_bias)
-    assert max(rel_err(g, g_ref), rel_err(beta, beta_ref)) < tol("gated_delta_gates", "cpu")
+    assert max(rel_err(g, g_ref), rel_err(beta, beta_ref)) < tol("gated_delta_gates", device)
+
+
+@metal_emulator_only
+def test_gated_delta_conv_metal_emulator_refuses_what_it_has_no_kernel_for(rng):
+    x, w, state = randn(rng, 2, 8), randn(rng, 8, 9), randn(rng, 8, 8)
+    with pytest.raises(Exception, match=r"gated_delta_conv \(metal-emulator\): has a kernel for 1 to 8 taps, not 9"):
+        ops.gated_delta_conv(x, w, state, device="metal-emulator")
 
 
 def gated_delta_inputs(rng, T, Hk, Hv, Dk, Dv):
@@ -391,23 +407,24 @@ def gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv, Kc=4):
 GATED_DELTA_STEP_SHAPES = [(1, 1, 16, 16), (2, 4, 32, 20), (1, 3, 48, 64), (16, 32, 128, 128)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", METAL_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("Hk,Hv,Dk,Dv", GATED_DELTA_STEP_SHAPES)
 def test_gated_delta_step(rng, device, T, Hk, Hv, Dk, Dv):
     x = gated_delta_step_inputs(rng, T, Hk, Hv, Dk, Dv)
-    out, conv_state, state, conv_rows, state_rows = ops.gated_delta_step(**x, keep_rows=True, device=device)
+    keep = device != "metal-emulator"  # the Metal op keeps no states per token
+    out, conv_state, state, conv_rows, state_rows = ops.gated_delta_step(**x, keep_rows=keep, device=device)
     bound = tol("gated_delta_step", device)
     for name, got, want in zip(("out", "conv_state", "state"), (out, conv_state, state), ref.gated_delta_step(**x)):
         err = row_err(got, want) if name == "out" else rel_err(got, want)
         assert err < bound, f"{name}: relative error {err:.3g} against {bound:g}"
     # The states kept after each token are those of the prefix alone (a verify step keeps any prefix).
-    for t in (0, T // 2 - 1, T - 2):
+    for t in (0, T // 2 - 1, T - 2) if keep else ():
         if 0 <= t < T - 1:
             prefix = {**x, **{k: x[k][:t + 1] for k in ("mixed", "z", "b", "a")}}
             _, conv_want, state_want = ref.gated_delta_step(**prefix)
             assert rel_err(conv_rows[t], conv_want) < bound and rel_err(state_rows[t], state_want) < bound, t
-    assert conv_rows.shape[0] == state_rows.shape[0] == T - 1
+    assert conv_rows.shape[0] == state_rows.shape[0] == (T - 1 if keep else 0)
 
 
 # Long runs of steps (the conv ring wraps, the state double-buffers), a launch a token and 4 a
@@ -472,7 +489,8 @@ def with_decays_of_every_kind(x):
 
 
 GATED_DELTA_STEP_ALL_ROUTES = GATED_DELTA_STEP_ROUTES + [pytest.param("cuda", r, marks=cuda_only)
-                                                         for r in ("prefill_scan", "prefill_chunked")]
+                                                         for r in ("prefill_scan", "prefill_chunked")] + [
+    pytest.param("metal-emulator", "", marks=metal_emulator_only)]
 
 
 def check_gated_delta_step(got, want, device, route):

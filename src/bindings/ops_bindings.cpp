@@ -317,11 +317,14 @@ Out<float> gated_rmsnorm(In<float> x, In<float> z, In<float> w, float eps, const
   return y;
 }
 
-Out<float> l2norm(In<float> x, float eps, float scale) {
+Out<float> l2norm(In<float> x, float eps, float scale, const std::string& device) {
+  const Backend b = backend_of(device, "l2norm");
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
-  nb::gil_scoped_release nogil;
-  cpu::l2norm({yp, rows_of(x), last_dim(x), eps, scale});
+  const ops::L2Norm args{yp, rows_of(x), last_dim(x), eps, scale};
+  run_on(b, "l2norm", [&] { cpu::l2norm(args); },
+         LILY_ON_CUDA(fail("l2norm (cuda): CUDA fuses it into gated_delta_step's kernels")),
+         LILY_ON_METAL(metal_ops::l2norm(args)));
   return y;
 }
 
@@ -334,29 +337,37 @@ Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
   return y;
 }
 
-std::tuple<Out<float>, Out<float>> gated_delta_conv(In<float> x, In<float> w, In<float> state) {
+std::tuple<Out<float>, Out<float>> gated_delta_conv(In<float> x, In<float> w, In<float> state, const std::string& device) {
   need(x, {-1, -1}, "gated_delta_conv", "x [T, C]");
   const int64_t T = x.shape(0), C = x.shape(1);
   need(w, {C, -1}, "gated_delta_conv", "w [C, Kc]");
   const int64_t Kc = w.shape(1);
   need(state, {Kc - 1, C}, "gated_delta_conv", "state [Kc-1, C]");
+  const Backend b = backend_of(device, "gated_delta_conv");
   auto [y, yp] = new_array<float>(shape_of(x));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
-  nb::gil_scoped_release nogil;
-  cpu::gated_delta_conv({x.data(), T, C, w.data(), Kc, sp, yp});
+  const ops::GatedDeltaConv args{x.data(), T, C, w.data(), Kc, sp, yp};
+  run_on(b, "gated_delta_conv", [&] { cpu::gated_delta_conv(args); },
+         LILY_ON_CUDA(fail("gated_delta_conv (cuda): CUDA fuses it into gated_delta_step's kernels")),
+         LILY_ON_METAL(metal_ops::gated_delta_conv(args)));
   return {y, s};
 }
 
-std::tuple<Out<float>, Out<float>> gated_delta_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias) {
+std::tuple<Out<float>, Out<float>> gated_delta_gates(In<float> a, In<float> b, In<float> A_log, In<float> dt_bias,
+                                                     const std::string& device) {
   need(a, {-1, -1}, "gated_delta_gates", "a [T, Hv]");
   const int64_t T = a.shape(0), Hv = a.shape(1);
   need(b, {T, Hv}, "gated_delta_gates", "b");
   need(A_log, {Hv}, "gated_delta_gates", "A_log");
   need(dt_bias, {Hv}, "gated_delta_gates", "dt_bias");
+  const Backend be = backend_of(device, "gated_delta_gates");
   auto [g, gp] = new_array<float>(shape_of(a));
   auto [beta, bp] = new_array<float>(shape_of(a));
-  cpu::gated_delta_gates({a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp});
+  const ops::GatedDeltaGates args{a.data(), b.data(), T, Hv, A_log.data(), dt_bias.data(), gp, bp};
+  run_on(be, "gated_delta_gates", [&] { cpu::gated_delta_gates(args); },
+         LILY_ON_CUDA(fail("gated_delta_gates (cuda): CUDA fuses it into gated_delta_step's kernels")),
+         LILY_ON_METAL(metal_ops::gated_delta_gates(args)));
   return {g, beta};
 }
 
@@ -426,7 +437,7 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
                                  keep_rows ? crp : nullptr, keep_rows ? srp : nullptr};
   run_on(be, op, [&] { cpu::gated_delta_step(args); }, LILY_ON_CUDA(prefill ? cuda_ops::gated_delta_step_prefill(args, route == "prefill_chunked")
                                       : cuda_ops::gated_delta_step(args, route == "decode" ? 1 : 4)),
-         nullptr);
+         LILY_ON_METAL(metal_ops::gated_delta_step(args)));
   return {o, cs, st, cr, sr};
 }
 
@@ -701,13 +712,14 @@ void register_ops(nb::module_& m) {
   ops.def("gated_rmsnorm", &gated_rmsnorm, nb::arg("x"), nb::arg("z"), nb::arg("w"), nb::arg("eps"),
           nb::arg("device") = "cpu",
           "rmsnorm(x) * w * silu(z)");
-  ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), "x * rsqrt(sum(x^2) + eps) * scale");
+  ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), nb::arg("device") = "cpu",
+          "x * rsqrt(sum(x^2) + eps) * scale");
   ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
           "partial NeoX RoPE of x [T, heads, head_dim] at positions pos0..");
-  ops.def("gated_delta_conv", &gated_delta_conv, nb::arg("x"), nb::arg("w"), nb::arg("state"),
+  ops.def("gated_delta_conv", &gated_delta_conv, nb::arg("x"), nb::arg("w"), nb::arg("state"), nb::arg("device") = "cpu",
           "(silu(causal depthwise conv of x [T, C]), new state [Kc-1, C])");
   ops.def("gated_delta_gates", &gated_delta_gates, nb::arg("a"), nb::arg("b"), nb::arg("A_log"), nb::arg("dt_bias"),
-          "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
+          nb::arg("device") = "cpu", "(g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b))");
   ops.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
           nb::arg("beta"), nb::arg("state"), nb::arg("device") = "cpu", nb::arg("route") = "",
           "(o [T, Hv, Dv], new state [Hv, Dk, Dv]); on cuda route 'scan' or 'chunked' (the default)");

@@ -8,7 +8,7 @@ namespace lily::ops {
 // gated_delta_conv: causal depthwise conv over time, then SiLU: y[t, c] = silu(sum_j w[c, j] x[t-Kc+1+j, c]),
 // tap Kc-1 on the current token; rows before x come from state, which is updated to the
 // last Kc-1 rows of state ++ x (zeros at the sequence start).
-// tolerance gated_delta_conv: cpu 1e-6
+// tolerance gated_delta_conv: cpu 1e-6, metal-emulator 1e-6
 struct GatedDeltaConv {
   const float* x = nullptr;  // [T, C]
   int64_t T = 0, C = 0;
@@ -19,7 +19,7 @@ struct GatedDeltaConv {
 };
 
 // gated_delta_gates: g = -exp(A_log) softplus(a + dt_bias) (log-decay, <= 0), beta = sigmoid(b).
-// tolerance gated_delta_gates: cpu 1e-6
+// tolerance gated_delta_gates: cpu 1e-6, metal-emulator 1e-6
 struct GatedDeltaGates {
   const float* a = nullptr;  // [T, Hv]
   const float* b = nullptr;  // [T, Hv]
@@ -51,7 +51,7 @@ struct GatedDelta {
 // v, g, beta); out = gated_rmsnorm(o, z, norm). With conv_rows and state_rows the states after
 // each token but the last are kept too, as a verify step keeps them. (CUDA's prefill routes
 // give out in bf16, the out-projection's input; their state holds gated_delta's bound.)
-// tolerance gated_delta_step: cpu 2e-6, cuda 2e-6, cuda:prefill_scan 4e-3, cuda:prefill_chunked 4e-3
+// tolerance gated_delta_step: cpu 2e-6, metal-emulator 1e-5, cuda 2e-6, cuda:prefill_scan 4e-3, cuda:prefill_chunked 4e-3
 struct GatedDeltaStep {
   const float* mixed = nullptr;    // [T, 2 Hk Dk + Hv Dv]: the in-projection's q | k | v rows, before the conv
   const float* z = nullptr;        // [T, Hv, Dv]

@@ -1,6 +1,7 @@
 #include "contract/metal_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -49,6 +50,38 @@ void gated_rmsnorm(const ops::GatedRmsNorm& a) {
   if (a.rows) metal_emu::dispatch("gated_rmsnorm", {static_cast<uint32_t>(a.rows)}, {norm_threads(a.dim)}, b);
 }
 
+void l2norm(const ops::L2Norm& a) {
+  need(a.dim > 0 && a.dim <= UINT32_MAX && a.rows <= UINT32_MAX, "l2norm", "dim must be in [1, 2^32)");
+  const uint32_t dim = static_cast<uint32_t>(a.dim);
+  const float eps_scale[2] = {a.eps, a.scale};
+  void* const b[] = {a.x, a.x, buf(&dim), buf(eps_scale)};  // in place
+  if (a.rows) metal_emu::dispatch("l2norm", {static_cast<uint32_t>(a.rows)}, {norm_threads(a.dim)}, b);
+}
+
+void gated_delta_conv(const ops::GatedDeltaConv& a) {
+  need(a.Kc >= 1 && a.Kc <= 8, "gated_delta_conv", "has a kernel for 1 to 8 taps, not " + std::to_string(a.Kc));
+  need(a.C > 0 && a.C <= UINT32_MAX && a.T >= 0 && a.T <= UINT32_MAX, "gated_delta_conv", "shape too large");
+  need(a.T == 0 || a.x != a.y, "gated_delta_conv", "the output must not alias the input");
+  // The kernel reads the state from a copy and writes every element of the poisoned original.
+  const size_t n_state = static_cast<size_t>(a.Kc - 1) * a.C;
+  const std::vector<float> state_in(a.state, a.state + n_state);
+  poison(a.state, n_state);
+  poison(a.y, static_cast<size_t>(a.T) * a.C);
+  const uint32_t dims[3] = {static_cast<uint32_t>(a.T), static_cast<uint32_t>(a.C), static_cast<uint32_t>(a.Kc)};
+  void* const b[] = {buf(a.x), buf(a.w), buf(state_in.data()), a.y, a.state, buf(dims)};
+  metal_emu::dispatch("gated_delta_conv", {(dims[1] + 255) / 256}, {256}, b);
+}
+
+void gated_delta_gates(const ops::GatedDeltaGates& a) {
+  need(a.Hv > 0 && a.T >= 0 && a.T * a.Hv <= UINT32_MAX, "gated_delta_gates", "shape too large");
+  const size_t n = static_cast<size_t>(a.T) * a.Hv;
+  poison(a.g, n);
+  poison(a.beta, n);
+  const uint32_t dims[2] = {static_cast<uint32_t>(n), static_cast<uint32_t>(a.Hv)};
+  void* const b[] = {buf(a.a), buf(a.b), buf(a.A_log), buf(a.dt_bias), a.g, a.beta, buf(dims)};
+  if (n) metal_emu::dispatch("gated_delta_gates", {static_cast<uint32_t>((n + 255) / 256)}, {256}, b);
+}
+
 void qmatmul(const ops::QMatmul& a) {
   const QWeight& w = a.w;
   need(w.experts == 1, "qmatmul", "takes one matrix, not a stack");
@@ -81,6 +114,24 @@ void gated_delta(const ops::GatedDelta& a) {
   const uint32_t cols = std::clamp<uint32_t>((Dv + 7) / 8 * 8, 8, 32);
   const char* kernel = Dk <= 32 ? "gated_delta_dk32" : Dk <= 64 ? "gated_delta_dk64" : "gated_delta_dk128";
   metal_emu::dispatch(kernel, {(Dv + cols - 1) / cols, Hv}, {4 * cols}, b);
+}
+
+void gated_delta_step(const ops::GatedDeltaStep& a) {
+  need(!a.state_rows, "gated_delta_step", "keeps no state per token (keep_rows)");
+  const int64_t T = a.T, C = 2 * a.Hk * a.Dk + a.Hv * a.Dv, kd = a.Hk * a.Dk, vd = a.Hv * a.Dv;
+  std::vector<float> c(T * C), q(T * kd), k(T * kd), v(T * vd), g(T * a.Hv), beta(T * a.Hv), o(T * vd);
+  gated_delta_conv({a.mixed, T, C, a.conv_w, a.Kc, a.conv_state, c.data()});
+  for (int64_t t = 0; t < T; ++t) {  // the conv's rows split into q | k | v
+    const float* row = c.data() + t * C;
+    std::copy_n(row, kd, q.data() + t * kd);
+    std::copy_n(row + kd, kd, k.data() + t * kd);
+    std::copy_n(row + 2 * kd, vd, v.data() + t * vd);
+  }
+  l2norm({q.data(), T * a.Hk, a.Dk, 1e-6f, 1.0f / std::sqrt(static_cast<float>(a.Dk))});
+  l2norm({k.data(), T * a.Hk, a.Dk, 1e-6f, 1.0f});
+  gated_delta_gates({a.a, a.b, T, a.Hv, a.A_log, a.dt_bias, g.data(), beta.data()});
+  gated_delta({q.data(), k.data(), v.data(), g.data(), beta.data(), T, a.Hk, a.Hv, a.Dk, a.Dv, a.state, o.data()});
+  gated_rmsnorm({o.data(), a.z, T * a.Hv, a.Dv, a.norm, a.eps, a.out});
 }
 
 void attention(const ops::Attention& a) {

@@ -13,11 +13,18 @@ namespace lily::metal_ops {
 
 void rmsnorm(const ops::RmsNorm& a);             // src/metal/norm/rmsnorm.metal
 void gated_rmsnorm(const ops::GatedRmsNorm& a);  // src/metal/norm/rmsnorm.metal
+void l2norm(const ops::L2Norm& a);               // src/metal/norm/rmsnorm.metal
+// gated_delta_conv and gated_delta_gates (src/metal/gated_delta/gated_delta_conv.metal): Kc <= 8.
+void gated_delta_conv(const ops::GatedDeltaConv& a);
+void gated_delta_gates(const ops::GatedDeltaGates& a);
 // qmatmul_decode_{4,8}bit (src/metal/qmatmul/qmatmul_decode.metal), all T rows in one dispatch.
 void qmatmul(const ops::QMatmul& a);
 // gated_delta_dk{32,64,128} (src/metal/gated_delta/gated_delta.metal), all T tokens in one
 // dispatch: Dk a multiple of 4 up to 128, Hv a multiple of Hk.
 void gated_delta(const ops::GatedDelta& a);
+// The mixer between its projections by those kernels: gated_delta_conv, l2norm of q and k,
+// gated_delta_gates, gated_delta, gated_rmsnorm. No states per token (keep_rows).
+void gated_delta_step(const ops::GatedDeltaStep& a);
 // attention_d{64,128,256} (src/metal/attention/attention.metal), all T tokens in one dispatch:
 // D a multiple of 4 up to 256, Hq a multiple of Hkv by at most 32.
 void attention(const ops::Attention& a);
