@@ -80,6 +80,29 @@ def run_gated_delta_gates():
     return np.concatenate([v.ravel() for v in got]), np.concatenate([v.ravel() for v in want])
 
 
+def run_embedding():  # 520 words a row: a partial ninth threadgroup
+    rng = np.random.default_rng(9)
+    table, ids = ref.random_qweight(rng, 40, 4160), np.array([3, 39, 0], np.int32)
+    return ops.embedding(ids, table, device="metal-emulator"), ref.embedding(ids, table)
+
+
+def run_rope():
+    x = np.random.default_rng(10).standard_normal((5, 6, 64)).astype(np.float32)
+    return ops.rope(x, 16, 70_000, 1e7, device="metal-emulator"), ref.rope(x, 16, 70_000, 1e7)
+
+
+def run_gated_attention():  # the mixer's kernels: rmsnorm, rope, attention, attention_gate
+    rng = np.random.default_rng(11)
+    T, pos0, Hq, Hkv, D = 3, 20, 4, 2, 64
+    args = (rng.standard_normal((T, Hq, 2 * D)).astype(np.float32), rng.standard_normal((T, Hkv, D)).astype(np.float32),
+            rng.standard_normal((T, Hkv, D)).astype(np.float32), (rng.standard_normal(D) * 0.1 + 1).astype(np.float32),
+            (rng.standard_normal(D) * 0.1 + 1).astype(np.float32), rng.standard_normal((pos0, Hkv, D)).astype(np.float32),
+            rng.standard_normal((pos0, Hkv, D)).astype(np.float32))
+    got = ops.gated_attention(*args, 16, 1e7, 1e-6, device="metal-emulator")
+    want = ref.gated_attention(*args, 16, 1e7, 1e-6)
+    return np.concatenate([g.ravel() for g in got]), np.concatenate([w.ravel() for w in want])
+
+
 def run_qmatmul(bits):
     def run():
         rng = np.random.default_rng(bits)
@@ -141,6 +164,7 @@ def run_moe_block():  # moe_gate_up (routed and shared) and moe_down, 3 tokens o
 
 RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm, "l2norm": run_l2norm,
         "gated_delta_conv": run_gated_delta_conv, "gated_delta_gates": run_gated_delta_gates,
+        "embedding": run_embedding, "rope": run_rope, "attention_gate": run_gated_attention,
         "qmatmul_decode_4bit": run_qmatmul(4), "qmatmul_decode_8bit": run_qmatmul(8),
         "gated_delta_dk32": run_gated_delta(1, 2, 20, 40), "gated_delta_dk64": run_gated_delta(2, 4, 48, 12),
         "gated_delta_dk128": run_gated_delta(1, 3, 100, 33),

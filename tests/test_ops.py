@@ -150,6 +150,16 @@ def test_embedding(rng, T):
     np.testing.assert_array_equal(ops.embedding(ids, table), ref.embedding(ids, table))
 
 
+@metal_emulator_only
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("H,group_size,bits", [(192, 64, 4), (4160, 64, 4), (96, 32, 8)])  # 4160: 520 words, 9 groups
+def test_embedding_metal_emulator(rng, T, H, group_size, bits):
+    table = ref.random_qweight(rng, 300, H, group_size=group_size, bits=bits)
+    ids = rng.integers(0, 300, size=T).astype(np.int32)
+    got = ops.embedding(ids, table, device="metal-emulator")
+    assert rel_err(got, ref.embedding(ids, table)) < tol("embedding", "metal-emulator")
+
+
 @cuda_only
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("group_size,bits", [(64, 4), (32, 4), (64, 8)])
@@ -159,7 +169,7 @@ def test_embedding_cuda(rng, T, group_size, bits):
     assert rel_err(ops.embedding(ids, table, device="cuda"), ref.embedding(ids, table)) < tol("embedding", "cuda")
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", METAL_DEVICES)
 def test_embedding_refuses_bad_ids(rng, device):
     table = ref.random_qweight(rng, 50, 64)
     for bad in (-1, 50):
@@ -233,13 +243,14 @@ def test_l2norm(rng, device, T, heads, dim):
     assert row_err(got.reshape(-1, dim), ref.l2norm(x, 1e-6, dim**-0.5).reshape(-1, dim)) < tol("l2norm", device)
 
 
+@pytest.mark.parametrize("device", PROLOGUE_DEVICES)
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("heads,head_dim,rotary_dim", [(3, 64, 16), (6, 256, 64), (2, 32, 32)])
 @pytest.mark.parametrize("pos0", [0, 1000, 100_000])
-def test_rope(rng, T, heads, head_dim, rotary_dim, pos0):
+def test_rope(rng, device, T, heads, head_dim, rotary_dim, pos0):
     x = randn(rng, T, heads, head_dim)
-    got = ops.rope(x, rotary_dim, pos0, 1e7)
-    assert rel_err(got, ref.rope(x, rotary_dim, pos0, 1e7)) < tol("rope", "cpu")
+    got = ops.rope(x, rotary_dim, pos0, 1e7, device=device)
+    assert rel_err(got, ref.rope(x, rotary_dim, pos0, 1e7)) < tol("rope", device)
     np.testing.assert_array_equal(got[..., rotary_dim:], x[..., rotary_dim:])
 
 
@@ -620,7 +631,8 @@ GATED_ATTENTION_ROUTES = [("cpu", ""), pytest.param("cuda", "decode", marks=cuda
                           pytest.param("cuda", "decode_tc", marks=cuda_only),
                           pytest.param("cuda", "prefill", marks=cuda_only),
                           pytest.param("cuda", "prefill_mma", marks=cuda_only),
-                          pytest.param("cuda", "prefill_wgmma", marks=cuda_only)]
+                          pytest.param("cuda", "prefill_wgmma", marks=cuda_only),
+                          pytest.param("metal-emulator", "", marks=metal_emulator_only)]
 
 
 def check_gated_attention(rng, device, route, T, pos0, Hq, Hkv, D, rot):

@@ -290,7 +290,8 @@ Out<float> embedding(In<int32_t> ids, nb::handle table, const std::string& devic
   const int64_t T = ids.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.cols)});
   const ops::Embedding args{q.w, ids.data(), T, yp};
-  run_on(b, "embedding", [&] { cpu::embedding(args); }, LILY_ON_CUDA(cuda_ops::embedding(args)), nullptr);
+  run_on(b, "embedding", [&] { cpu::embedding(args); }, LILY_ON_CUDA(cuda_ops::embedding(args)),
+         LILY_ON_METAL(metal_ops::embedding(args)));
   return y;
 }
 
@@ -328,12 +329,15 @@ Out<float> l2norm(In<float> x, float eps, float scale, const std::string& device
   return y;
 }
 
-Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta) {
+Out<float> rope(In<float> x, int64_t rotary_dim, int64_t pos0, double theta, const std::string& device) {
   need(x, {-1, -1, -1}, "rope", "x [T, heads, head_dim]");
+  const Backend b = backend_of(device, "rope");
   auto [y, yp] = new_array<float>(shape_of(x));
   copy_into(x, yp);
-  nb::gil_scoped_release nogil;
-  cpu::rope({yp, dim_of(x, 0), dim_of(x, 1), dim_of(x, 2), rotary_dim, pos0, theta});
+  const ops::Rope args{yp, dim_of(x, 0), dim_of(x, 1), dim_of(x, 2), rotary_dim, pos0, theta};
+  run_on(b, "rope", [&] { cpu::rope(args); },
+         LILY_ON_CUDA(fail("rope (cuda): CUDA fuses it with the q/k norms and the cache write: run gated_attention")),
+         LILY_ON_METAL(metal_ops::rope(args)));
   return y;
 }
 
@@ -506,7 +510,7 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
                                  T, pos0, Hq, Hkv, D, rotary_dim, theta, eps, outp};
   run_on(b, op, [&] { cpu::gated_attention(args); },
          LILY_ON_CUDA(cuda_ops::gated_attention(args, cuda_attention_route(route), {max_splits, min_chunk})),
-         nullptr);
+         LILY_ON_METAL(metal_ops::gated_attention(args)));
   return {o, kc, vc};
 }
 
@@ -714,7 +718,7 @@ void register_ops(nb::module_& m) {
           "rmsnorm(x) * w * silu(z)");
   ops.def("l2norm", &l2norm, nb::arg("x"), nb::arg("eps"), nb::arg("scale"), nb::arg("device") = "cpu",
           "x * rsqrt(sum(x^2) + eps) * scale");
-  ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"),
+  ops.def("rope", &rope, nb::arg("x"), nb::arg("rotary_dim"), nb::arg("pos0"), nb::arg("theta"), nb::arg("device") = "cpu",
           "partial NeoX RoPE of x [T, heads, head_dim] at positions pos0..");
   ops.def("gated_delta_conv", &gated_delta_conv, nb::arg("x"), nb::arg("w"), nb::arg("state"), nb::arg("device") = "cpu",
           "(silu(causal depthwise conv of x [T, C]), new state [Kc-1, C])");

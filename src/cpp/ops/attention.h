@@ -8,7 +8,7 @@ namespace lily::ops {
 // rope: partial rotary embedding, in place: token t sits at position pos0 + t; dims
 // [0, rotary_dim) rotate in NeoX pairs (j, j + rotary_dim/2) by pos * theta^(-2j/rotary_dim),
 // the others pass through.
-// tolerance rope: cpu 1e-6
+// tolerance rope: cpu 1e-6, metal-emulator 1e-6
 struct Rope {
   float* x = nullptr;  // [T, heads, head_dim]
   int64_t T = 0, heads = 0, head_dim = 0, rotary_dim = 0, pos0 = 0;
@@ -31,7 +31,7 @@ struct Attention {
 // q = rope(rmsnorm(q) q_norm), k = rope(rmsnorm(k) k_norm) at positions pos0 + t, k and v
 // appended to the cache, out = attention(q, cache, D^-1/2) * sigmoid(gate). CUDA keeps the
 // cache in bf16 and its decode kernels take q and P into the mma as bf16.
-// tolerance gated_attention: cpu 2e-6, cuda:decode 6e-3, cuda:decode_tc 8e-3, cuda:prefill 1e-2, cuda:prefill_mma 1e-2, cuda:prefill_wgmma 1e-2
+// tolerance gated_attention: cpu 2e-6, cuda:decode 6e-3, cuda:decode_tc 8e-3, cuda:prefill 1e-2, cuda:prefill_mma 1e-2, cuda:prefill_wgmma 1e-2, metal-emulator 2e-6
 struct GatedAttention {
   const float* qg = nullptr;      // [T, Hq, 2D]: per head D query values, then D gate values
   const float* k = nullptr;       // [T, Hkv, D] before the norm and rope

@@ -96,6 +96,36 @@ void qmatmul(const ops::QMatmul& a) {
   if (a.T && N) metal_emu::dispatch(w.bits == 4 ? "qmatmul_decode_4bit" : "qmatmul_decode_8bit", groups, {64}, b);
 }
 
+void embedding(const ops::Embedding& a) {
+  const QWeight& t = a.table;
+  need(t.bits == 4 || t.bits == 8, "embedding", "has 4- and 8-bit kernels, not " + std::to_string(t.bits) + "-bit");
+  need(t.group_size % (32 / t.bits) == 0 && t.cols <= UINT32_MAX && a.T <= 65535, "embedding", "shape unsupported");
+  for (int64_t i = 0; i < a.T; ++i)
+    if (a.ids[i] < 0 || a.ids[i] >= t.rows)
+      fail("embedding (metal-emulator): token id ", std::to_string(a.ids[i]), " at index ", std::to_string(i),
+           " is outside [0, ", std::to_string(t.rows), ")");
+  poison(a.out, static_cast<size_t>(a.T) * t.cols);
+  const uint32_t dims[3] = {static_cast<uint32_t>(t.cols), static_cast<uint32_t>(t.group_size), static_cast<uint32_t>(t.bits)};
+  const uint32_t words = static_cast<uint32_t>(t.words_per_row());
+  void* const b[] = {buf(a.ids), buf(t.codes), buf(t.scales), buf(t.biases), a.out, buf(dims)};
+  if (a.T) metal_emu::dispatch("embedding", {(words + 63) / 64, static_cast<uint32_t>(a.T)}, {64}, b);
+}
+
+void rope(const ops::Rope& a) {
+  need(a.rotary_dim > 0 && a.rotary_dim % 2 == 0 && a.rotary_dim <= a.head_dim, "rope",
+       "rotary_dim must be even and in (0, head_dim]");
+  need(a.T >= 0 && a.heads > 0 && a.pos0 >= 0 && a.pos0 + a.T <= (1 << 24) && a.T * a.heads * a.rotary_dim <= UINT32_MAX,
+       "rope", "positions up to 2^24 (exact in fp32)");
+  std::vector<float> inv_freq(a.rotary_dim / 2);  // as the CPU's: fp32 of the fp64 power
+  for (size_t j = 0; j < inv_freq.size(); ++j)
+    inv_freq[j] = static_cast<float>(std::pow(a.theta, -2.0 * static_cast<double>(j) / static_cast<double>(a.rotary_dim)));
+  const uint32_t dims[4] = {static_cast<uint32_t>(a.T), static_cast<uint32_t>(a.heads), static_cast<uint32_t>(a.head_dim),
+                            static_cast<uint32_t>(a.rotary_dim)};
+  const uint32_t pos0 = static_cast<uint32_t>(a.pos0), n = dims[0] * dims[1] * dims[3] / 2;
+  void* const b[] = {a.x, inv_freq.data(), buf(dims), buf(&pos0)};
+  if (n) metal_emu::dispatch("rope", {(n + 255) / 256}, {256}, b);
+}
+
 void gated_delta(const ops::GatedDelta& a) {
   need(a.Hk > 0 && a.Hv % a.Hk == 0, "gated_delta", "value heads must be a multiple of key heads");
   need(a.Dk % 4 == 0 && a.Dk >= 4 && a.Dk <= 128, "gated_delta", "Dk must be a multiple of 4 up to 128");
@@ -239,6 +269,23 @@ void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float*
   down({w.down_proj, act.data(), ids.data(), weights.data(), static_cast<uint32_t>(top_k), &w.shared_down_proj,
         act_shared.data(), shared_logit.data(), residual ? x : nullptr},
        T, y);
+}
+
+void gated_attention(const ops::GatedAttention& a) {
+  const int64_t T = a.T, Hq = a.Hq, Hkv = a.Hkv, D = a.D, kv = Hkv * D;
+  std::vector<float> q_raw(T * Hq * D), q(T * Hq * D), k(T * kv);
+  for (int64_t th = 0; th < T * Hq; ++th) std::copy_n(a.qg + th * 2 * D, D, q_raw.data() + th * D);  // the query halves
+  rmsnorm({q_raw.data(), T * Hq, D, a.q_norm, a.eps, q.data()});  // (its output is poisoned first: not in place)
+  rmsnorm({a.k, T * Hkv, D, a.k_norm, a.eps, k.data()});
+  rope({q.data(), T, Hq, D, a.rotary_dim, a.pos0, a.theta});
+  rope({k.data(), T, Hkv, D, a.rotary_dim, a.pos0, a.theta});
+  std::copy(k.begin(), k.end(), a.k_cache + a.pos0 * kv);  // the chunk's cache rows
+  std::copy_n(a.v, T * kv, a.v_cache + a.pos0 * kv);
+  attention({q.data(), a.k_cache, a.v_cache, T, a.pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), a.out});
+  const uint32_t dims[3] = {static_cast<uint32_t>(T), static_cast<uint32_t>(Hq), static_cast<uint32_t>(D)};
+  const uint32_t n = dims[0] * dims[1] * dims[2];
+  void* const b[] = {a.out, buf(a.qg), buf(dims)};
+  if (n) metal_emu::dispatch("attention_gate", {(n + 255) / 256}, {256}, b);
 }
 
 }  // namespace lily::metal_ops

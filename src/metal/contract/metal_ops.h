@@ -19,6 +19,10 @@ void gated_delta_conv(const ops::GatedDeltaConv& a);
 void gated_delta_gates(const ops::GatedDeltaGates& a);
 // qmatmul_decode_{4,8}bit (src/metal/qmatmul/qmatmul_decode.metal), all T rows in one dispatch.
 void qmatmul(const ops::QMatmul& a);
+// embedding (src/metal/qmatmul/embedding.metal): 4- or 8-bit tables.
+void embedding(const ops::Embedding& a);
+// rope (src/metal/attention/rope.metal), in place.
+void rope(const ops::Rope& a);
 // gated_delta_dk{32,64,128} (src/metal/gated_delta/gated_delta.metal), all T tokens in one
 // dispatch: Dk a multiple of 4 up to 128, Hv a multiple of Hk.
 void gated_delta(const ops::GatedDelta& a);
@@ -28,6 +32,9 @@ void gated_delta_step(const ops::GatedDeltaStep& a);
 // attention_d{64,128,256} (src/metal/attention/attention.metal), all T tokens in one dispatch:
 // D a multiple of 4 up to 256, Hq a multiple of Hkv by at most 32.
 void attention(const ops::Attention& a);
+// The attention mixer between its projections by those kernels: rmsnorm of each q and k head,
+// rope, the cache rows pos0.. written, attention, attention_gate (src/metal/attention/rope.metal).
+void gated_attention(const ops::GatedAttention& a);
 // moe_router_topk (src/metal/moe/moe_router.metal): a simdgroup a token, E <= 512.
 void moe_router(const ops::MoeRouter& a);
 // moe_gate_up then moe_down (src/metal/moe/moe_experts.metal) on one expert's matrices.

@@ -87,6 +87,8 @@ inline float sqrt(float x) { return std::sqrt(x); }
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float exp(float x) { return std::exp(x); }
 inline float log(float x) { return std::log(x); }
+inline float cos(float x) { return std::cos(x); }
+inline float sin(float x) { return std::sin(x); }
 template <class T, int N> T dot(const vec<T, N>& a, const vec<T, N>& b) {
   T s = a[0] * b[0];
   for (int i = 1; i < N; ++i) s += a[i] * b[i];
@@ -94,8 +96,8 @@ template <class T, int N> T dot(const vec<T, N>& a, const vec<T, N>& b) {
 }
 // Metal's fast:: and precise:: variants; here both are the precise functions (the
 // accuracy of Apple's fast-math versions is one of the things only a Mac checks).
-namespace fast { using metal::exp, metal::log, metal::rsqrt, metal::sqrt; }
-namespace precise { using metal::exp, metal::log, metal::rsqrt, metal::sqrt; }
+namespace fast { using metal::exp, metal::log, metal::rsqrt, metal::sqrt, metal::cos, metal::sin; }
+namespace precise { using metal::exp, metal::log, metal::rsqrt, metal::sqrt, metal::cos, metal::sin; }
 
 template <class T, class U> T as_type(const U& v) {
   static_assert(sizeof(T) == sizeof(U), "as_type: types of different sizes");
