@@ -18,6 +18,7 @@ OUT=$(realpath -m "${1:?usage: scripts/ab_decode.sh OUT_DIR [ARM...]}")
 shift
 ARMS=("$@")
 [ ${#ARMS[@]} -gt 0 ] || ARMS=(base this)
+[[ ${AB_BENCH:-decode} =~ ^(decode|verify)$ ]] || { echo "ab_decode: AB_BENCH is 'decode' or 'verify', not '$AB_BENCH'" >&2; exit 2; }
 for arm in "${ARMS[@]}"; do  # NAME[=VAR=VALUE[,VAR=VALUE...]]
   [[ $arm =~ ^[A-Za-z0-9_.-]+(=[A-Za-z_][A-Za-z0-9_]*=[^,]*(,[A-Za-z_][A-Za-z0-9_]*=[^,]*)*)?$ ]] ||
     { echo "ab_decode: arm '$arm' is not NAME or NAME=VAR=VALUE[,VAR=VALUE...]" >&2; exit 2; }

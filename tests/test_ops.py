@@ -976,11 +976,18 @@ def test_moe_block_chunked_equals_one_shot(rng):
     np.testing.assert_array_equal(np.concatenate(parts), full)
 
 
-def test_moe_block_refuses_mismatched_experts(rng):
-    w = moe_weights(rng)
-    w["down_proj"] = ref.random_qweight(rng, 128, 64, experts=15)
-    with pytest.raises(Exception, match="moe_block.*down_proj"):
-        ops.moe_block(randn(rng, 2, 128), w, 4, True)
+@pytest.mark.parametrize("device", MOE_DEVICES + [pytest.param("cuda", marks=cuda_only)])
+def test_moe_block_refuses_mismatched_weights(rng, device):
+    """Checked before any backend reads them: a wrong stack or matrix is named with its shape."""
+    for name, bad, shape in [("down_proj", ref.random_qweight(rng, 128, 64, experts=15), r"\[15, 128, 64\]"),
+                             ("down_proj", ref.random_qweight(rng, 64, 64, experts=16), r"\[16, 64, 64\]"),
+                             ("shared_expert_gate", ref.random_qweight(rng, 8, 128, bits=8), r"\[1, 8, 128\]")]:
+        w = moe_weights(rng)
+        w[name] = bad
+        with pytest.raises(Exception, match=rf"moe_block: {name} is {shape}, expected"):
+            ops.moe_block(randn(rng, 2, 128), w, 4, True, device=device)
+    with pytest.raises(Exception, match=r"moe_block: top_k 17 must be in \[1, 16\]"):
+        ops.moe_block(randn(rng, 2, 128), moe_weights(rng), 17, True, device=device)
 
 
 # ---- whole mixers ----------------------------------------------------------------------------

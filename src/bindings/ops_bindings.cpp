@@ -552,12 +552,13 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
   const MoeWeights w = moe_weights_from(weights, m, op);
   ModelConfig c;
   set_moe_config(c, w, top_k, norm_topk_prob);
+  cpu::check_moe_weights(w, c);  // before any backend reads them
   need(x, {-1, c.hidden_size}, op, "x");
   const Backend b = backend_of(device, op);
   if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
     fail(op, ": route '", route, "' is not one of ",
          b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
-  if (router_cluster && b != Backend::Cuda) fail(op, ": router_cluster sizes CUDA's router");
+  if (router_cluster && !(b == Backend::Cuda && route != "prefill")) fail(op, ": router_cluster sizes CUDA's decode router");
   if (router_cluster < 0) fail(op, ": router_cluster must be >= 0 (0: the executor's)");
   if (norm) need(*norm, {c.hidden_size}, op, "norm [H]");
   const int64_t T = x.shape(0), H = c.hidden_size;

@@ -24,10 +24,11 @@ void check_matrix(const QWeight& w, int64_t experts, int64_t rows, int64_t cols,
 
 }  // namespace
 
-void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out,
-               int64_t* expert_load) {
-  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+void check_moe_weights(const MoeWeights& w, const ModelConfig& c) {
+  const int64_t H = c.hidden_size, E = c.num_experts;
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  check(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= E, "moe_block", "top_k ", str(c.num_experts_per_tok),
+        " must be in [1, ", str(E), "]");
   check_matrix(w.router, 1, E, H, "router");
   check_matrix(w.gate_proj, E, I, H, "gate_proj");
   check_matrix(w.up_proj, E, I, H, "up_proj");
@@ -36,6 +37,13 @@ void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_
   check_matrix(w.shared_up_proj, 1, Is, H, "shared_expert.up_proj");
   check_matrix(w.shared_down_proj, 1, H, Is, "shared_expert.down_proj");
   check_matrix(w.shared_expert_gate, 1, 1, H, "shared_expert_gate");
+}
+
+void moe_block(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, MoeBuffers& buf, float* out,
+               int64_t* expert_load) {
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  check_moe_weights(w, c);
   if (T == 0) return;
 
   // Route: experts/weights [T, K].

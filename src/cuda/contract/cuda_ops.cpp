@@ -202,7 +202,7 @@ void gated_delta_step(const ops::GatedDeltaStep& a, int rows_per_launch) {
   for (int t = 0; t < T; t += rows_per_launch) {
     const int rows = std::min(rows_per_launch, T - t), at = StepInputs::kFirst + t;
     check(cudaMemcpy(pos.as<int>(), &at, sizeof(int), cudaMemcpyHostToDevice), "gated_delta_step pos");
-    g.proj = in.proj.as<float>() + t * in.row;
+    g.proj = in.proj.as<float>() + t * in.ldp;
     g.out = out.as<float>() + t * rows_out;
     g.state_in = cur->as<float>();
     g.state_out = next->as<float>();
@@ -242,7 +242,7 @@ void gated_delta_step_prefill(const ops::GatedDeltaStep& a, bool chunked) {
   need(a.Kc == 4, "gated_delta_step", "the prefill kernels' conv has 4 taps");
   need(!a.state_rows, "gated_delta_step", "the prefill kernels keep no state per token (keep_rows is the decode routes')");
   if (T == 0) return;
-  // Rows padded past the projection (the executor's stride may be wider than a row).
+  // Rows padded past the projection, NaN there: the kernels must step by ldp and read a row's columns only.
   StepInputs in(a, (StepInputs::row_of(a) + 4 + 3) / 4 * 4);
   const size_t kd = static_cast<size_t>(Hk) * Dk, vd = in.vd, ns = in.ns;
   // One row past T of every output stays poisoned: a kernel writes the chunk's rows, no more.

@@ -171,7 +171,6 @@ bool prefill_supported(const ModelConfig& c, const DeviceWeights& W, std::string
 
 namespace {
 
-// What every op of one chunk needs: the model, the session, the chunk and its schedule.
 // The GEMMs of a chunk of T rows through the prefill options (all the MoE block needs).
 struct ChunkGemms {
   const ModelConfig& c;
@@ -217,7 +216,8 @@ struct ChunkGemms {
   }
 };
 
-// A chunk of the session's prompt at positions pos0 .. pos0 + T - 1.
+// What every op of one chunk needs: the model, the session, the chunk and its schedule (the
+// chunk's prompt at positions pos0 .. pos0 + T - 1).
 struct Chunk : ChunkGemms {
   const DeviceWeights& W;
   const SessionState& s;
@@ -364,6 +364,7 @@ void enqueue_prefill(const ModelConfig& c, const DeviceWeights& W, PrefillWorksp
 
 void enqueue_moe_prefill(const ModelConfig& c, const DeviceLayer& L, PrefillWorkspace& ws, const PrefillOptions& opt, int T,
                          cudaStream_t stream) {
+  if (T > ws.capacity) fail("prefill MoE: ", std::to_string(T), " rows exceed the workspace (", std::to_string(ws.capacity), ")");
   ws.tile_m = moe_tile_rows(c, T, opt);
   moe_block(ChunkGemms{c, ws, opt, T, stream, nullptr}, L);
 }

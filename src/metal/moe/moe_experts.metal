@@ -12,18 +12,6 @@
 using namespace metal;
 #include "qmatmul/qmatmul_rows.h"
 
-constant constexpr uint ROWS = 4;        // output rows per simdgroup
-constant constexpr uint SIMDGROUPS = 2;  // per threadgroup
-
-// acc[r] += w * (row row0 + r of W) . x, lane partial sums.
-template <int BITS>
-void add_rows(QRows W, device const float* x, uint N, uint row0, uint lane, float w, thread float* acc) {
-  for (uint wd = lane; wd < W.words; wd += 32) {
-    const XWord<BITS> xw = x_word<BITS>(x, wd);
-    for (uint r = 0; r < ROWS; ++r) acc[r] += w * word_term<BITS>(W, min(row0 + r, N - 1), wd, xw);  // past N: never stored
-  }
-}
-
 template <int BITS>
 void gate_up(device const float* x, device const int* ids, QRows gate, QRows up, device float* act, uint I, uint H,
              uint S, uint3 tg, uint simd_gid, uint simd_lid) {

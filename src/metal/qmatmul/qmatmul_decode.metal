@@ -5,9 +5,6 @@
 using namespace metal;
 #include "qmatmul/qmatmul_rows.h"
 
-constant constexpr uint ROWS = 4;        // output rows per simdgroup
-constant constexpr uint SIMDGROUPS = 2;  // per threadgroup
-
 template <int BITS>
 void qmv(device const float* x, device const uint* codes, device const bfloat* scales,
          device const bfloat* biases, device float* y, uint N, uint K, uint group_size, uint3 tg,
@@ -19,10 +16,7 @@ void qmv(device const float* x, device const uint* codes, device const bfloat* s
   y += size_t(tg.y) * N;
 
   float acc[ROWS] = {};
-  for (uint wd = simd_lid; wd < W.words; wd += 32) {
-    const XWord<BITS> xw = x_word<BITS>(x, wd);
-    for (uint r = 0; r < ROWS; ++r) acc[r] += word_term<BITS>(W, min(row0 + r, N - 1), wd, xw);  // past N: never stored
-  }
+  add_rows<BITS>(W, x, N, row0, simd_lid, 1.0f, acc);
   for (uint r = 0; r < ROWS; ++r) {
     const float sum = simd_sum(acc[r]);
     if (simd_lid == 0 && row0 + r < N) y[row0 + r] = sum;

@@ -4,8 +4,12 @@
 // its rows; the 32/BITS values of x under a word are loaded once (float4s, coalesced across
 // the simdgroup) for all the rows, and per word
 //   sum_i x_i (s q_i + b) = s * sum_i x_i q_i + b * sum_i x_i,
-// so dequantisation is fused at one multiply-add per value; fp32 throughout.
+// so dequantisation is fused at one multiply-add per value; fp32 throughout. Their kernels
+// give a threadgroup SIMDGROUPS simdgroups of ROWS output rows each.
 #pragma once
+
+constant constexpr uint ROWS = 4;        // output rows per simdgroup
+constant constexpr uint SIMDGROUPS = 2;  // per threadgroup
 
 struct QRows {
   device const uint* codes;
@@ -56,4 +60,14 @@ float word_term(QRows W, uint row, uint wd, thread const XWord<BITS>& xw) {
   for (int i = 0; i < 32 / BITS; ++i) dot += xw.v[i] * float((q >> (BITS * i)) & MASK);
   const size_t sb = size_t(row) * W.groups + wd / W.words_per_group;
   return float(W.scales[sb]) * dot + float(W.biases[sb]) * xw.sum;
+}
+
+// acc[r] += w * (row row0 + r of W [N, K]) . x, lane partial sums (the caller simd_sums them);
+// rows past N recompute row N - 1, which the caller does not store.
+template <int BITS>
+void add_rows(QRows W, device const float* x, uint N, uint row0, uint lane, float w, thread float* acc) {
+  for (uint wd = lane; wd < W.words; wd += 32) {
+    const XWord<BITS> xw = x_word<BITS>(x, wd);
+    for (uint r = 0; r < ROWS; ++r) acc[r] += w * word_term<BITS>(W, min(row0 + r, N - 1), wd, xw);
+  }
 }
