@@ -150,16 +150,18 @@ def run_moe_router():
     return got[1], want[1]
 
 
-def run_moe_block():  # moe_gate_up (routed and shared) and moe_down, 3 tokens of 4 experts each
-    rng = np.random.default_rng(6)
-    H, E, I, Is = 128, 16, 64, 96
-    w = {"router": ref.random_qweight(rng, E, H, bits=8, spread=4.0),
-         "gate_proj": ref.random_qweight(rng, I, H, experts=E), "up_proj": ref.random_qweight(rng, I, H, experts=E),
-         "down_proj": ref.random_qweight(rng, H, I, experts=E), "shared_gate_proj": ref.random_qweight(rng, Is, H),
-         "shared_up_proj": ref.random_qweight(rng, Is, H), "shared_down_proj": ref.random_qweight(rng, H, Is, group_size=32),
-         "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8)}
-    x = rng.standard_normal((3, H)).astype(np.float32)
-    return ops.moe_block(x, w, 4, True, device="metal-emulator"), ref.moe_block(x, w, 4, True)
+def run_moe_block(bits):  # moe_gate_up (routed and shared) and moe_down, 3 tokens of 4 experts each
+    def run():
+        rng = np.random.default_rng(6)
+        H, E, I, Is = 128, 16, 64, 96
+        q = lambda rows, cols, **kw: ref.random_qweight(rng, rows, cols, bits=bits, **kw)  # noqa: E731
+        w = {"router": ref.random_qweight(rng, E, H, bits=8, spread=4.0), "gate_proj": q(I, H, experts=E),
+             "up_proj": q(I, H, experts=E), "down_proj": q(H, I, experts=E), "shared_gate_proj": q(Is, H),
+             "shared_up_proj": q(Is, H), "shared_down_proj": q(H, Is, group_size=32),
+             "shared_expert_gate": ref.random_qweight(rng, 1, H, bits=8)}
+        x = rng.standard_normal((3, H)).astype(np.float32)
+        return ops.moe_block(x, w, 4, True, device="metal-emulator"), ref.moe_block(x, w, 4, True)
+    return run
 
 
 RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm, "l2norm": run_l2norm,
@@ -170,7 +172,7 @@ RUNS = {"rmsnorm": run_rmsnorm, "gated_rmsnorm": run_gated_rmsnorm, "l2norm": ru
         "gated_delta_dk128": run_gated_delta(1, 3, 100, 33),
         "attention_d64": run_attention(3, 1, 44), "attention_d128": run_attention(4, 2, 100),
         "attention_d256": run_attention(2, 1, 256), "moe_router_topk": run_moe_router,
-        "moe_gate_up": run_moe_block, "moe_down": run_moe_block}
+        "moe_gate_up": run_moe_block(4), "moe_down": run_moe_block(8)}
 
 
 def op_kernels():
