@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "cpu/check.h"
 #include "cpu/layers.h"
 #include "cpu/ops.h"
 #ifdef LILY_HAS_CUDA

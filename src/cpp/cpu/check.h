@@ -25,4 +25,8 @@ inline void check_qweight(const QWeight& w, const char* op, const char* name) {
         "]; cols must be a positive multiple of the group size ", str(w.group_size));
 }
 
+// The MoE block's matrices against c's shapes (moe_layer.cpp; every backend's moe_block op
+// checks them first), failing with the matrix's name and its shape against the expected one.
+void check_moe_weights(const MoeWeights& w, const ModelConfig& c);
+
 }  // namespace lily::cpu

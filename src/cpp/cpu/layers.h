@@ -55,10 +55,6 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
 void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x, int64_t T, int64_t pos0,
                      KvCache& cache, AttnBuffers& buf, float* out);
 
-// The block's matrices against c's shapes (every backend's moe_block op checks them first),
-// failing with the matrix's name and its shape against the expected one.
-void check_moe_weights(const MoeWeights& w, const ModelConfig& c);
-
 // Sparse MoE with the sigmoid-gated shared expert (§4.6). Tokens are grouped by expert
 // so each routed expert's weights are read once per call.
 // expert_load (optional, [E]) accumulates the tokens routed to each expert.
