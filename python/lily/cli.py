@@ -16,7 +16,9 @@ DEFAULT_MODEL = "lily-tiny"
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=DEFAULT_MODEL,
                    help=f"checkpoint directory, built-in name or Hub repo id (default: {DEFAULT_MODEL})")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda, cuda:N or metal-emulator (the Metal kernels emulated on the CPU: slow; "
+                        "default: auto)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, **defaults) -> None:

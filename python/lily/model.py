@@ -100,7 +100,8 @@ class Model:
     ) -> "Model":
         """Loads a local checkpoint directory, a built-in name or a Hub repo id.
 
-        device: "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+        device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N", or
+        "metal-emulator" (the Metal kernels on the MSL emulator: a slow test device, docs/metal.md).
         prefill_chunk: tokens per prefill chunk (0: the device's default, 512 on CPU and
         4096 on CUDA); memory for activations grows with it, never with the prompt.
         mtp: run the checkpoint's MTP head beside every session (its cache follows each fed

@@ -6,6 +6,9 @@
 #ifdef LILY_HAS_CUDA
 #include "step/cuda_executor.h"
 #endif
+#ifdef LILY_HAS_METAL_EMULATOR
+#include "contract/metal_ops.h"
+#endif
 
 namespace lily {
 
@@ -29,8 +32,15 @@ int cuda_index(const std::string& device) {
 std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weights, const std::string& device) {
   const ExecutorOptions options = ExecutorOptions::from_env();  // every LILY_* checked, whichever device
   if (device == "cpu") return make_cpu_executor(std::move(weights));
+  if (device == "metal-emulator") {  // the Metal kernels on the MSL emulator: a slow test device
+#ifdef LILY_HAS_METAL_EMULATOR
+    return make_cpu_executor(std::move(weights), metal_ops::host_ops());
+#else
+    fail("device 'metal-emulator': this build of lily has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
+#endif
+  }
   const bool want_cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
-  if (!want_cuda && device != "auto") fail("device '", device, "' is unknown; use 'auto', 'cpu', 'cuda' or 'cuda:N'");
+  if (!want_cuda && device != "auto") fail("device '", device, "' is unknown; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'metal-emulator'");
   const int index = want_cuda ? cuda_index(device) : 0;
 #ifdef LILY_HAS_CUDA
   const int count = cuda_device_count();

@@ -14,7 +14,7 @@
 namespace lily::cpu {
 
 void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x, int64_t T, int64_t pos0,
-                     KvCache& cache, AttnBuffers& buf, float* out) {
+                     KvCache& cache, AttnBuffers& buf, float* out, const ops::HostOps& kernels) {
   const int64_t H = c.hidden_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
   check(w.q_proj.rows == 2 * Hq * D && w.k_proj.rows == Hkv * D && w.v_proj.rows == Hkv * D &&
             w.o_proj.rows == H && w.o_proj.cols == Hq * D && w.q_proj.cols == H,
@@ -34,11 +34,12 @@ void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x,
   float* k_new = cache.k.data() + cached;
   float* v_new = cache.v.data() + cached;
   const QMatmul projections[] = {{x, T, w.q_proj, buf.qg.data()}, {x, T, w.k_proj, k_new}, {x, T, w.v_proj, v_new}};
-  qmatmul_batch(projections);
+  kernels.qmatmul_batch(std::span<const QMatmul>(projections));
   buf.o.resize(T * Hq * D);
-  gated_attention({buf.qg.data(), k_new, v_new, w.q_norm.values.data(), w.k_norm.values.data(), cache.k.data(),
-                   cache.v.data(), T, pos0, Hq, Hkv, D, c.rotary_dim(), c.rope_theta, c.rms_norm_eps, buf.o.data()});
-  qmatmul({buf.o.data(), T, w.o_proj, out});
+  kernels.gated_attention({buf.qg.data(), k_new, v_new, w.q_norm.values.data(), w.k_norm.values.data(),
+                           cache.k.data(), cache.v.data(), T, pos0, Hq, Hkv, D, c.rotary_dim(), c.rope_theta,
+                           c.rms_norm_eps, buf.o.data()});
+  kernels.qmatmul({buf.o.data(), T, w.o_proj, out});
 }
 
 }  // namespace lily::cpu

@@ -1,4 +1,6 @@
-// The CPU executor: the whole forward pass in fp32 (MODEL.md §4.2), chunk by chunk.
+// The CPU executor: the whole forward pass in fp32 (MODEL.md §4.2), chunk by chunk, by one
+// backend's ops on host memory (ops/host_ops.h): the CPU's, or the Metal kernels on the MSL
+// emulator (device "metal-emulator", a slow test device).
 //   h = embed(tokens)
 //   per layer: h += mixer(rmsnorm(h, input_norm));  h += moe(rmsnorm(h, post_norm))
 //   logits = lm_head(rmsnorm(h, final_norm))
@@ -55,10 +57,19 @@ const CpuSession& as_cpu(const Session& s, const char* op) { return as_cpu(const
 
 class CpuExecutor : public Executor {
  public:
-  using Executor::Executor;
+  CpuExecutor(std::shared_ptr<const ModelWeights> w, const ops::HostOps& kernels) : Executor(std::move(w)), k_(kernels) {}
 
-  std::string device_name() const override { return "cpu"; }
-  bool supports_mtp(std::string*) const override { return true; }
+  std::string device_name() const override { return k_.device; }
+  // The MTP head and verify steps keep the state after each token, which only the CPU's
+  // Gated DeltaNet step does.
+  bool supports_mtp(std::string* why) const override {
+    if (!k_.keeps_rows && why) *why = "the " + device_name() + " executor keeps no state per token: no MTP head";
+    return k_.keeps_rows;
+  }
+  int64_t max_verify_tokens(std::string* why) const override {
+    if (!k_.keeps_rows && why) *why = "the " + device_name() + " executor keeps no state per token: no verify step";
+    return k_.keeps_rows ? kMaxVerifyTokens : 0;
+  }
 
   std::unique_ptr<Session> new_session(int64_t max_context) override {
     if (max_context <= 0) fail("new_session: max_context must be positive, got ", std::to_string(max_context));
@@ -110,35 +121,36 @@ class CpuExecutor : public Executor {
     mix_.resize(T * H);
     float *h = h_.data(), *x = x_.data(), *mix = mix_.data();
 
-    cpu::embedding({w.embed, tokens, T, h});
+    k_.embedding({w.embed, tokens, T, h});
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const LayerWeights& L = w.layers[l];
-      cpu::rmsnorm({h, T, H, L.input_norm.values.data(), eps, x});
+      k_.rmsnorm({h, T, H, L.input_norm.values.data(), eps, x});
       if (L.kind == LayerKind::Linear) {
         const cpu::GdnStateRows slots{rows ? rows->conv[l].data() : nullptr, rows ? rows->recurrent[l].data() : nullptr};
-        cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix, rows ? &slots : nullptr);
+        cpu::gated_delta_mixer(L.gdn, c, x, T, s.layers[l].gdn, gdn_buf_, mix, rows ? &slots : nullptr, k_);
       } else {
-        cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix);
+        cpu::attention_mixer(L.attn, c, x, T, pos0, s.layers[l].kv, attn_buf_, mix, k_);
       }
       add(h, mix, T * H);
-      cpu::rmsnorm({h, T, H, L.post_norm.values.data(), eps, x});
-      cpu::moe_block(L.moe, c, x, T, moe_buf_, mix, s.expert_load.data() + l * c.num_experts);
+      k_.rmsnorm({h, T, H, L.post_norm.values.data(), eps, x});
+      if (k_.moe_block) k_.moe_block(L.moe, c, x, T, mix);
+      else cpu::moe_block(L.moe, c, x, T, moe_buf_, mix, s.expert_load.data() + l * c.num_experts);
       if (rows) count_rows_experts(*rows, l, T);
       add(h, mix, T * H);
     }
 
     if (all_logits || s.mtp) {
-      cpu::rmsnorm({h, T, H, w.final_norm.values.data(), eps, x});
+      k_.rmsnorm({h, T, H, w.final_norm.values.data(), eps, x});
       if (rows && s.mtp) std::copy_n(x, (T - 1) * H, rows->mtp_hidden.data());
       if (s.mtp) mtp_follow(s, tokens, T, x);
     }
     if (all_logits) {
-      cpu::qmatmul({x, T, w.lm_head, all_logits});
+      k_.qmatmul({x, T, w.lm_head, all_logits});
       std::copy_n(all_logits + (T - 1) * V, V, last_logits);
     } else {  // only the last position's logits are needed
-      if (!s.mtp) cpu::rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
+      if (!s.mtp) k_.rmsnorm({h + (T - 1) * H, 1, H, w.final_norm.values.data(), eps, x});
       else if (T > 1) std::copy_n(x + (T - 1) * H, H, x);  // the last row, normed above
-      cpu::qmatmul({x, 1, w.lm_head, last_logits});
+      k_.qmatmul({x, 1, w.lm_head, last_logits});
     }
   }
 
@@ -259,6 +271,7 @@ class CpuExecutor : public Executor {
     for (int64_t i = 0; i < n; ++i) h[i] += delta[i];
   }
 
+  const ops::HostOps& k_;  // the backend's ops
   std::mutex mu_;
   std::vector<float> h_, x_, mix_;  // [T, H]: residual stream, normed input, block output
   std::vector<float> mtp_in_, mtp_out_, row_logits_;  // the MTP head's inputs, output, a draft's logits
@@ -270,9 +283,9 @@ class CpuExecutor : public Executor {
 
 }  // namespace
 
-std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<const ModelWeights> weights) {
+std::unique_ptr<Executor> make_cpu_executor(std::shared_ptr<const ModelWeights> weights, const ops::HostOps& kernels) {
   if (!weights) fail("make_cpu_executor: no weights");
-  return std::make_unique<CpuExecutor>(std::move(weights));
+  return std::make_unique<CpuExecutor>(std::move(weights), kernels);
 }
 
 }  // namespace lily

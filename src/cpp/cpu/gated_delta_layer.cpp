@@ -18,7 +18,7 @@ void GdnState::reset(const ModelConfig& c) {
 }
 
 void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-                       GdnBuffers& buf, float* out, const GdnStateRows* rows) {
+                       GdnBuffers& buf, float* out, const GdnStateRows* rows, const ops::HostOps& kernels) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, Kc = c.linear_conv_kernel_dim;
   const int64_t value_dim = Hv * Dv, conv_dim = c.gdn_conv_dim();
@@ -42,14 +42,14 @@ void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x
                                  {x, T, w.in_proj_z, buf.z.data()},
                                  {x, T, w.in_proj_a, buf.a.data()},
                                  {x, T, w.in_proj_b, buf.b.data()}};
-  qmatmul_batch(projections);
+  kernels.qmatmul_batch(std::span<const QMatmul>(projections));
 
   buf.o.resize(T * value_dim);
-  gated_delta_step({buf.mixed.data(), buf.z.data(), buf.b.data(), buf.a.data(), w.conv1d.values.data(),
-                    w.A_log.values.data(), w.dt_bias.values.data(), w.norm.values.data(), T, Hk, Hv, Dk, Dv, Kc,
-                    c.rms_norm_eps, state.conv.data(), state.recurrent.data(), buf.o.data(),
-                    rows ? rows->conv : nullptr, rows ? rows->recurrent : nullptr});
-  qmatmul({buf.o.data(), T, w.out_proj, out});
+  kernels.gated_delta_step({buf.mixed.data(), buf.z.data(), buf.b.data(), buf.a.data(), w.conv1d.values.data(),
+                            w.A_log.values.data(), w.dt_bias.values.data(), w.norm.values.data(), T, Hk, Hv, Dk,
+                            Dv, Kc, c.rms_norm_eps, state.conv.data(), state.recurrent.data(), buf.o.data(),
+                            rows ? rows->conv : nullptr, rows ? rows->recurrent : nullptr});
+  kernels.qmatmul({buf.o.data(), T, w.out_proj, out});
 }
 
 }  // namespace lily::cpu

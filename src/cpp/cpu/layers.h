@@ -48,12 +48,12 @@ struct GdnStateRows {
   float* recurrent = nullptr;
 };
 void gated_delta_mixer(const GdnWeights& w, const ModelConfig& c, const float* x, int64_t T, GdnState& state,
-                       GdnBuffers& buf, float* out, const GdnStateRows* rows = nullptr);
+                       GdnBuffers& buf, float* out, const GdnStateRows* rows = nullptr, const ops::HostOps& kernels = host_ops());
 
 // Gated full attention (§4.4) for tokens at positions pos0 .. pos0+T-1; the cache must
 // hold exactly pos0 positions and gains T.
 void attention_mixer(const AttnWeights& w, const ModelConfig& c, const float* x, int64_t T, int64_t pos0,
-                     KvCache& cache, AttnBuffers& buf, float* out);
+                     KvCache& cache, AttnBuffers& buf, float* out, const ops::HostOps& kernels = host_ops());
 
 // Sparse MoE with the sigmoid-gated shared expert (§4.6). Tokens are grouped by expert
 // so each routed expert's weights are read once per call.

@@ -9,6 +9,7 @@
 
 #include "ops/attention.h"
 #include "ops/gated_delta.h"
+#include "ops/host_ops.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
@@ -42,5 +43,8 @@ void moe_router(const ops::MoeRouter& args);
 // Several experts' MLPs at once: their gate and up products in one parallel loop, their
 // down products in another. scratch grows to 2 * sum(T * I) floats.
 void moe_experts(std::span<const MoeExpert> mlps, std::vector<float>& scratch);
+
+// These ops as the layer loop takes them (ops/host_ops.h).
+const ops::HostOps& host_ops();
 
 }  // namespace lily::cpu

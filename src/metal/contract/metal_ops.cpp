@@ -279,13 +279,27 @@ void gated_attention(const ops::GatedAttention& a) {
   rmsnorm({a.k, T * Hkv, D, a.k_norm, a.eps, k.data()});
   rope({q.data(), T, Hq, D, a.rotary_dim, a.pos0, a.theta});
   rope({k.data(), T, Hkv, D, a.rotary_dim, a.pos0, a.theta});
-  std::copy(k.begin(), k.end(), a.k_cache + a.pos0 * kv);  // the chunk's cache rows
-  std::copy_n(a.v, T * kv, a.v_cache + a.pos0 * kv);
+  std::copy(k.begin(), k.end(), a.k_cache + a.pos0 * kv);  // the chunk's cache rows (v may be there already)
+  if (a.v != a.v_cache + a.pos0 * kv) std::copy_n(a.v, T * kv, a.v_cache + a.pos0 * kv);
   attention({q.data(), a.k_cache, a.v_cache, T, a.pos0, Hq, Hkv, D, 1.0f / std::sqrt(static_cast<float>(D)), a.out});
   const uint32_t dims[3] = {static_cast<uint32_t>(T), static_cast<uint32_t>(Hq), static_cast<uint32_t>(D)};
   const uint32_t n = dims[0] * dims[1] * dims[2];
   void* const b[] = {a.out, buf(a.qg), buf(dims)};
   if (n) metal_emu::dispatch("attention_gate", {(n + 255) / 256}, {256}, b);
+}
+
+const ops::HostOps& host_ops() {
+  static const ops::HostOps ops{
+      "metal-emulator", embedding, rmsnorm, qmatmul,
+      [](std::span<const ops::QMatmul> products) {
+        for (const ops::QMatmul& p : products) qmatmul(p);
+      },
+      gated_delta_step, gated_attention,
+      [](const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out) {
+        moe_block(w, static_cast<int>(c.num_experts_per_tok), c.norm_topk_prob, x, T, out, nullptr, c.rms_norm_eps, false);
+      },
+      false};
+  return ops;
 }
 
 }  // namespace lily::metal_ops

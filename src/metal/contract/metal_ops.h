@@ -5,6 +5,7 @@
 #pragma once
 #include "ops/attention.h"
 #include "ops/gated_delta.h"
+#include "ops/host_ops.h"
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/qmatmul.h"
@@ -45,5 +46,10 @@ void moe_experts(const ops::MoeExpert& a);
 // 4- or 8-bit experts, one width for all of them.
 void moe_block(const MoeWeights& w, int top_k, bool norm_topk_prob, const float* x, int64_t T, float* y,
                const float* norm, float eps, bool residual);
+
+// These kernels as the CPU executor's layer loop takes them (device "metal-emulator"): the
+// whole model by the Metal kernels, each dispatched on the emulator from the host's loop (not
+// yet the Metal executor: no device buffers, command buffers or token slots of its own).
+const ops::HostOps& host_ops();
 
 }  // namespace lily::metal_ops
