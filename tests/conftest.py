@@ -16,6 +16,14 @@ def tiny_mlx_dir(tmp_path_factory):
     return synthetic.write_checkpoint(tmp_path_factory.mktemp("tiny_mlx"), layout="mlx", seed=0)
 
 
+@pytest.fixture(scope="module", params=["synthetic", "lily-tiny"])
+def tiny_checkpoint(request, tiny_mlx_dir) -> str:
+    """Each small checkpoint an executor is checked on: the synthetic tiny one and lily-tiny."""
+    import lily
+
+    return str(tiny_mlx_dir) if request.param == "synthetic" else str(Path(lily.__file__).parent / "models" / "lily-tiny")
+
+
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory):
     """The same tiny architecture in the Hugging Face bf16 layout."""

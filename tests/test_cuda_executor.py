@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,13 +22,9 @@ pytestmark = [
     pytest.mark.skipif("cuda" not in _lily.available_devices(), reason="no CUDA device"),
 ]
 
-LILY_TINY = Path(lily.__file__).parent / "models" / "lily-tiny"
-
-
-@pytest.fixture(scope="module", params=["synthetic", "lily-tiny"])
-def engines(request, tiny_mlx_dir):
-    path = str(tiny_mlx_dir) if request.param == "synthetic" else str(LILY_TINY)
-    return _lily.Engine(path, "cpu"), _lily.Engine(path, "cuda")
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint):
+    return _lily.Engine(tiny_checkpoint, "cpu"), _lily.Engine(tiny_checkpoint, "cuda")
 
 
 def prompt(engine, n: int, offset: int = 0) -> np.ndarray:
@@ -95,9 +90,9 @@ def engine_with(request_path, monkeypatch, chunk: int = 0, **env):
     return _lily.Engine(request_path, "cuda", chunk)
 
 
-@pytest.fixture(params=["synthetic", "lily-tiny"])
-def model_path(request, tiny_mlx_dir):
-    return str(tiny_mlx_dir) if request.param == "synthetic" else str(LILY_TINY)
+@pytest.fixture
+def model_path(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.mark.parametrize("chunk", [37, 128])

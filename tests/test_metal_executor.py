@@ -3,8 +3,6 @@ dispatching each op's .metal kernel on the MSL emulator, ops/host_ops.h) against
 executor: teacher-forced logits, chunked prefill, greedy generation, a stop and its
 continuation, snapshots. A slow test device: the shapes are the tiny checkpoints'."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,13 +12,9 @@ from lily.consistency import benchmark_tokens, kl_divergence, top1_agreement
 
 pytestmark = pytest.mark.skipif(not hasattr(_lily, "metal_emulator"), reason="built without the MSL emulator")
 
-LILY_TINY = Path(lily.__file__).parent / "models" / "lily-tiny"
-
-
-@pytest.fixture(scope="module", params=["synthetic", "lily-tiny"])
-def engines(request, tiny_mlx_dir):
-    path = str(tiny_mlx_dir) if request.param == "synthetic" else str(LILY_TINY)
-    return _lily.Engine(path, "cpu"), _lily.Engine(path, "metal-emulator")
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint):
+    return _lily.Engine(tiny_checkpoint, "cpu"), _lily.Engine(tiny_checkpoint, "metal-emulator")
 
 
 def tokens(engine, n: int, offset: int = 0) -> np.ndarray:
