@@ -222,8 +222,8 @@ def test_ops_refuse_an_unknown_device(rng):
     x, w = randn(rng, 2, 64), np.ones(64, np.float32)
     with pytest.raises(Exception, match="rmsnorm: device must be 'cpu', 'cuda' or 'metal-emulator', got 'metal'"):
         ops.rmsnorm(x, w, 1e-6, device="metal")
-    with pytest.raises(Exception, match="embedding: no Metal kernel yet, so no device 'metal-emulator'"):
-        ops.embedding(np.zeros(2, np.int32), ref.random_qweight(rng, 4, 64), device="metal-emulator")
+    with pytest.raises(Exception, match="gated_delta_step: route 'decode' is not one of '' \\(metal-emulator\\)"):
+        ops.gated_delta_step(**gated_delta_step_inputs(rng, 2, 1, 1, 16, 16), device="metal-emulator", route="decode")
     args = gated_delta_inputs(rng, 2, 1, 1, 16, 16)
     with pytest.raises(Exception, match="gated_delta: route 'scan'"):
         ops.gated_delta(*args, device="cpu", route="scan")

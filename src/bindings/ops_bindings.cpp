@@ -223,8 +223,8 @@ Backend backend_of(const std::string& device, const char* op) {
   fail(op, ": device must be 'cpu', 'cuda' or 'metal-emulator', got '", device, "'");
 }
 
-// A backend's kernel of an op as run_on takes it: a callable, nullptr (the backend has no
-// kernel for the op), or NotBuilt (this build lacks the backend).
+// A backend's kernel of an op as run_on takes it: a callable (which may refuse by name, as the
+// ops CUDA fuses into others do), or NotBuilt (this build lacks the backend).
 struct NotBuilt {};
 #ifdef LILY_HAS_CUDA
 #define LILY_ON_CUDA(call) [&] { call; }
@@ -240,20 +240,17 @@ struct NotBuilt {};
 // Runs the op's kernel on backend b with the GIL released, or refuses naming what is missing.
 template <class Cpu, class Cuda, class Metal>
 void run_on(Backend b, const char* op, Cpu cpu, Cuda cuda, Metal metal) {
-  auto go = [op](auto kernel, const char* none, const char* not_built) {
-    using K = decltype(kernel);
-    if constexpr (std::is_same_v<K, std::nullptr_t>) fail(op, none);
-    else if constexpr (std::is_same_v<K, NotBuilt>) fail(op, not_built);
-    else {
+  auto go = [op](auto kernel, const char* not_built) {
+    if constexpr (std::is_same_v<decltype(kernel), NotBuilt>) {
+      fail(op, not_built);
+    } else {
       nb::gil_scoped_release nogil;
       kernel();
     }
   };
-  if (b == Backend::Cpu) go(cpu, "", "");
-  else if (b == Backend::Cuda)
-    go(cuda, ": no CUDA kernel for this op", ": this build has no CUDA executor");
-  else go(metal, ": no Metal kernel yet, so no device 'metal-emulator'",
-          ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
+  if (b == Backend::Cpu) go(cpu, "");
+  else if (b == Backend::Cuda) go(cuda, ": this build has no CUDA executor");
+  else go(metal, ": this build has no MSL emulator (LILY_METAL_EMULATOR=OFF)");
 }
 
 #ifdef LILY_HAS_CUDA
