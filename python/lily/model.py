@@ -528,7 +528,7 @@ def _preview(text: str, limit: int = 60) -> str:
 
 def _check_device(device) -> None:
     if not isinstance(device, str):
-        raise LilyError(f"device must be a string ('auto', 'cpu', 'cuda' or 'cuda:N'), got {device!r}")
+        raise LilyError(f"device must be a string ('auto', 'cpu', 'cuda', 'cuda:N' or 'metal-emulator'), got {device!r}")
 
 
 def _as_tokens(ids) -> np.ndarray:

@@ -45,11 +45,12 @@ def snapshot_bytes(config: dict, positions: int, kv_bytes: int = 2, copies: int 
 def model_snapshot_bytes(model) -> Callable[[int], int]:
     """entry_bytes for the model's executor: what one snapshot of n tokens really holds.
 
-    Snapshots are compact (K/V for their own positions): fp32 on the cpu executor; bf16 on
-    the cuda executor, which also double-buffers the recurrent state and logits (and the MTP
-    head's states: two sets of a verify step's rows + 1).
+    Snapshots are compact (K/V for their own positions): fp32 on the cpu executor (and on
+    metal-emulator, the same executor over the Metal kernels); bf16 on the cuda executor,
+    which also double-buffers the recurrent state and logits (and the MTP head's states: two
+    sets of a verify step's rows + 1).
     """
-    if model.device == "cpu":
+    if model.device in ("cpu", "metal-emulator"):
         return lambda n: snapshot_bytes(model.config, n, kv_bytes=4, mtp_states=1 if model.mtp else 0)
     return lambda n: snapshot_bytes(model.config, n + 1, kv_bytes=2, copies=2, mtp_states=10 if model.mtp else 0)
 

@@ -12,7 +12,8 @@
 
 namespace lily {
 
-// device: "cpu", "cuda", "cuda:N" or "auto" (CUDA when available, else CPU). The executor's
+// device: "cpu", "cuda", "cuda:N", "auto" (CUDA when available, else CPU) or "metal-emulator"
+// (the CPU executor over the Metal kernels on the MSL emulator: a slow test device). The executor's
 // options (options.h) come from the environment, read here once.
 std::unique_ptr<Executor> make_executor(std::shared_ptr<const ModelWeights> weights, const std::string& device);
 

@@ -76,9 +76,10 @@ class CpuExecutor : public Executor {
     const ModelConfig& c = weights_->config;
     auto s = std::make_unique<CpuSession>();
     s->max_context = max_context;
+    if (std::string why; use_mtp && !supports_mtp(&why)) fail("new_session: ", why);
     s->mtp = use_mtp;
     s->layers.resize(c.num_hidden_layers);
-    s->expert_load.assign(c.num_hidden_layers * c.num_experts, 0);
+    if (!k_.moe_block) s->expert_load.assign(c.num_hidden_layers * c.num_experts, 0);  // the CPU's block counts
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
       if (c.layer_kinds[l] == LayerKind::Linear) s->layers[l].gdn.reset(c);
     return s;

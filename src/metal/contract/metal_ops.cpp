@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/check.h"
 #include "emulator/runtime.h"
 #include "error.h"
 
@@ -147,7 +148,7 @@ void gated_delta(const ops::GatedDelta& a) {
 }
 
 void gated_delta_step(const ops::GatedDeltaStep& a) {
-  need(!a.state_rows, "gated_delta_step", "keeps no state per token (keep_rows)");
+  need(!a.state_rows && !a.conv_rows, "gated_delta_step", "keeps no state per token (keep_rows)");
   const int64_t T = a.T, C = 2 * a.Hk * a.Dk + a.Hv * a.Dv, kd = a.Hk * a.Dk, vd = a.Hv * a.Dv;
   std::vector<float> c(T * C), q(T * kd), k(T * kd), v(T * vd), g(T * a.Hv), beta(T * a.Hv), o(T * vd);
   gated_delta_conv({a.mixed, T, C, a.conv_w, a.Kc, a.conv_state, c.data()});
@@ -290,15 +291,23 @@ void gated_attention(const ops::GatedAttention& a) {
 
 const ops::HostOps& host_ops() {
   static const ops::HostOps ops{
-      "metal-emulator", embedding, rmsnorm, qmatmul,
-      [](std::span<const ops::QMatmul> products) {
-        for (const ops::QMatmul& p : products) qmatmul(p);
-      },
-      gated_delta_step, gated_attention,
-      [](const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out) {
-        moe_block(w, static_cast<int>(c.num_experts_per_tok), c.norm_topk_prob, x, T, out, nullptr, c.rms_norm_eps, false);
-      },
-      false};
+      .device = "metal-emulator",
+      .embedding = embedding,
+      .rmsnorm = rmsnorm,
+      .qmatmul = qmatmul,
+      .qmatmul_batch =
+          [](std::span<const ops::QMatmul> products) {
+            for (const ops::QMatmul& p : products) qmatmul(p);
+          },
+      .gated_delta_step = gated_delta_step,
+      .gated_attention = gated_attention,
+      .moe_block =
+          [](const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out) {
+            cpu::check_moe_weights(w, c);
+            moe_block(w, static_cast<int>(c.num_experts_per_tok), c.norm_topk_prob, x, T, out, nullptr, c.rms_norm_eps,
+                      false);
+          },
+      .keeps_rows = false};
   return ops;
 }
 
