@@ -15,12 +15,14 @@
 
 #include <algorithm>
 #include <deque>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <type_traits>
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
@@ -223,6 +225,20 @@ Backend backend_of(const std::string& device, const char* op) {
   fail(op, ": device must be 'cpu', 'cuda' or 'metal-emulator', got '", device, "'");
 }
 
+// Refuses a route other than '' (the backend's default kernel) or, on CUDA, one of cuda_routes,
+// naming those a route may be there.
+void check_route(const char* op, Backend b, const std::string& device, const std::string& route,
+                 std::initializer_list<const char*> cuda_routes) {
+  if (route.empty() || (b == Backend::Cuda && std::find(cuda_routes.begin(), cuda_routes.end(), route) != cuda_routes.end()))
+    return;
+  std::string allowed = "''";
+  if (b == Backend::Cuda)
+    for (const char* r : cuda_routes) allowed += std::string(", '") + r + "'";
+  else
+    allowed += " (" + device + ")";
+  fail(op, ": route '", route, "' is not one of ", allowed);
+}
+
 // A backend's kernel of an op as run_on takes it: a callable (which may refuse by name, as the
 // ops CUDA fuses into others do), or NotBuilt (this build lacks the backend).
 struct NotBuilt {};
@@ -254,11 +270,19 @@ void run_on(Backend b, const char* op, Cpu cpu, Cuda cuda, Metal metal) {
 }
 
 #ifdef LILY_HAS_CUDA
+// The kernel a (checked) route name picks: its entry in names, else the default.
+template <class R>
+R route_named(const std::string& r, std::initializer_list<std::pair<const char*, R>> names, R otherwise) {
+  for (const auto& [name, value] : names)
+    if (r == name) return value;
+  return otherwise;
+}
+
 // qmatmul's CUDA kernels by route name ('': the decode kernel on MLX-order weights).
 cuda_ops::QMatmulRoute cuda_qmatmul_route(const std::string& r) {
   using R = cuda_ops::QMatmulRoute;
-  return r == "decode_tiles" ? R::DecodeTiles : r == "prefill" ? R::Prefill : r == "prefill_bf16w" ? R::PrefillBf16w
-       : r == "prefill_wgmma" ? R::PrefillWgmma : R::Decode;
+  return route_named(r, {{"decode_tiles", R::DecodeTiles}, {"prefill", R::Prefill}, {"prefill_bf16w", R::PrefillBf16w},
+                         {"prefill_wgmma", R::PrefillWgmma}}, R::Decode);
 }
 #endif
 
@@ -266,12 +290,7 @@ Out<float> qmatmul(In<float> x, nb::handle weight, const std::string& device, co
   PyQWeight q(weight, "qmatmul", "weight");
   need(x, {-1, q.w.cols}, "qmatmul", "x");
   const Backend b = backend_of(device, "qmatmul");
-  static const char* const kCudaRoutes[] = {"decode", "decode_tiles", "prefill", "prefill_bf16w", "prefill_wgmma"};
-  const bool known = std::any_of(std::begin(kCudaRoutes), std::end(kCudaRoutes), [&](const char* r) { return route == r; });
-  if (!(route.empty() || (b == Backend::Cuda && known)))
-    fail("qmatmul: route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill', 'prefill_bf16w', 'prefill_wgmma'" : "'' (",
-         device, ")");
+  check_route("qmatmul", b, device, route, {"decode", "decode_tiles", "prefill", "prefill_bf16w", "prefill_wgmma"});
   const int64_t T = x.shape(0);
   auto [y, yp] = new_array<float>({static_cast<size_t>(T), static_cast<size_t>(q.w.rows)});
   const ops::QMatmul args{x.data(), T, q.w, yp};
@@ -384,10 +403,7 @@ std::tuple<Out<float>, Out<float>> gated_delta(In<float> q, In<float> k, In<floa
   need(beta, {T, Hv}, "gated_delta", "beta");
   need(state, {Hv, Dk, Dv}, "gated_delta", "state");
   const Backend b = backend_of(device, "gated_delta");
-  const bool cuda_route = route == "scan" || route == "chunked";
-  if (!(route.empty() || (b == Backend::Cuda && cuda_route)))
-    fail("gated_delta: route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'scan', 'chunked'" : "'' (", device, ")");
+  check_route("gated_delta", b, device, route, {"scan", "chunked"});
   auto [o, op] = new_array<float>(shape_of(v));
   auto [s, sp] = new_array<float>(shape_of(state));
   copy_into(state, sp);
@@ -422,10 +438,8 @@ StepOuts gated_delta_step(In<float> mixed, In<float> z, In<float> b, In<float> a
   need(dt_bias, {Hv}, op, "dt_bias");
   need(norm, {Dv}, op, "norm");
   const Backend be = backend_of(device, op);
+  check_route(op, be, device, route, {"decode", "decode_rows", "prefill_scan", "prefill_chunked"});
   const bool prefill = route == "prefill_scan" || route == "prefill_chunked";
-  if (!(route.empty() || (be == Backend::Cuda && (route == "decode" || route == "decode_rows" || prefill))))
-    fail(op, ": route '", route, "' is not one of ",
-         be == Backend::Cuda ? "'', 'decode', 'decode_rows', 'prefill_scan', 'prefill_chunked'" : "'' (", device, ")");
   auto [o, op_out] = new_array<float>(shape_of(z));
   auto [cs, csp] = new_array<float>(shape_of(conv_state));
   auto [st, stp] = new_array<float>(shape_of(state));
@@ -463,8 +477,8 @@ Out<float> attention(In<float> q, In<float> k, In<float> v, float scale, const s
 // gated_attention's CUDA kernels by route name ('': the decode step's tensor-core kernel).
 cuda_ops::AttentionRoute cuda_attention_route(const std::string& r) {
   using R = cuda_ops::AttentionRoute;
-  return r == "decode" ? R::Decode : r == "prefill" ? R::Prefill : r == "prefill_mma" ? R::PrefillMma
-       : r == "prefill_wgmma" ? R::PrefillWgmma : R::DecodeTensorCores;
+  return route_named(r, {{"decode", R::Decode}, {"prefill", R::Prefill}, {"prefill_mma", R::PrefillMma},
+                         {"prefill_wgmma", R::PrefillWgmma}}, R::DecodeTensorCores);
 }
 #endif
 
@@ -488,12 +502,7 @@ std::tuple<Out<float>, Out<float>, Out<float>> gated_attention(In<float> qg, In<
   const int64_t pos0 = k_cache.shape(0);
   need(v_cache, {pos0, Hkv, D}, op, "v_cache");
   const Backend b = backend_of(device, op);
-  const bool known = route == "decode" || route == "decode_tc" || route == "prefill" || route == "prefill_mma" ||
-                     route == "prefill_wgmma";
-  if (!(route.empty() || (b == Backend::Cuda && known)))
-    fail(op, ": route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tc', 'prefill', 'prefill_mma', 'prefill_wgmma'" : "'' (", device,
-         ")");
+  check_route(op, b, device, route, {"decode", "decode_tc", "prefill", "prefill_mma", "prefill_wgmma"});
   const bool decode_route = route.empty() || route.rfind("decode", 0) == 0;
   if ((max_splits || min_chunk) && !(b == Backend::Cuda && decode_route))
     fail(op, ": max_splits and min_chunk route CUDA's decode kernels (route 'decode' or 'decode_tc')");
@@ -553,9 +562,7 @@ Out<float> moe_block(In<float> x, nb::dict weights, int64_t top_k, bool norm_top
   cpu::check_moe_weights(w, c);  // before any backend reads them
   need(x, {-1, c.hidden_size}, op, "x");
   const Backend b = backend_of(device, op);
-  if (!(route.empty() || (b == Backend::Cuda && (route == "decode" || route == "decode_tiles" || route == "prefill"))))
-    fail(op, ": route '", route, "' is not one of ",
-         b == Backend::Cuda ? "'', 'decode', 'decode_tiles', 'prefill'" : "'' (", device, ")");
+  check_route(op, b, device, route, {"decode", "decode_tiles", "prefill"});
   if (router_cluster && !(b == Backend::Cuda && route != "prefill")) fail(op, ": router_cluster sizes CUDA's decode router");
   if (router_cluster < 0) fail(op, ": router_cluster must be >= 0 (0: the executor's)");
   if (norm) need(*norm, {c.hidden_size}, op, "norm [H]");
